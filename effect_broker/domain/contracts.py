@@ -1,0 +1,373 @@
+"""Versioned effect contracts, loaded from TOML and validated before anything dispatches.
+
+A contract states what a target promises (its safety class) and the broker's retry
+policy for it. Spec "Operation identity and payload binding": the contract version is
+pinned at reservation time, so a deploy cannot silently change retry semantics for an
+in-flight effect; old versions therefore stay loadable (``active = false``) for as long
+as effects reference them.
+
+File format (``contracts.toml``)::
+
+    [[contract]]
+    name = "payments.charge"       # required, non-empty string
+    version = "1"                  # required, non-empty string (not an integer)
+    tool = "charge_card"           # tool name callers use; defaults to name
+    safety = "idempotent"          # required: transactional | idempotent |
+                                   #           reconcilable | unsafe
+    retry_limit = 5                # integer >= 0; default 3
+    key_retention = "24h"          # target key retention; required for idempotent
+    settlement_bound = "30s"       # lookup settlement bound; required for reconcilable
+    backoff_initial = "1s"         # default 1s
+    backoff_max = "1m"             # default 60s; must be >= backoff_initial
+    adapter = "http"               # default "simulated"
+    preview_fields = ["amount", "currency"]   # arguments shown unredacted
+    active = true                  # at most one active contract per tool; default true
+    description = "Charge a card"  # optional
+    [contract.adapter_options]     # optional table, passed to the adapter as is
+    url = "http://127.0.0.1:8081/charges"
+
+Durations are strings ``<positive number><unit>`` with unit ``ms``, ``s``, ``m``, ``h``
+or ``d`` ("500ms", "1.5s", "24h"). Bare numbers are refused: ``key_retention = 24``
+could mean seconds or hours, and guessing wrong breaks the idempotency horizon.
+
+Unknown keys are errors (a typo such as ``retries = 5`` must not silently fall back to
+the default). Every ``ContractError`` names the file, the contract and the field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
+from types import MappingProxyType
+from typing import Any, NoReturn
+
+from effect_broker.domain.errors import ContractError, UnknownContractError
+from effect_broker.domain.states import SafetyClass
+
+_DURATION = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>ms|s|m|h|d)")
+_UNIT_MICROSECONDS = {
+    "ms": 1_000,
+    "s": 1_000_000,
+    "m": 60_000_000,
+    "h": 3_600_000_000,
+    "d": 86_400_000_000,
+}
+_DURATION_FORM = "a duration string such as '500ms', '30s', '5m', '24h' or '7d'"
+
+
+def parse_duration(value: object) -> timedelta:
+    """Parse ``"<positive number><ms|s|m|h|d>"``; raise ValueError naming the form."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected {_DURATION_FORM}, got {type(value).__name__}")
+    match = _DURATION.fullmatch(value)
+    if match is None:
+        raise ValueError(f"expected {_DURATION_FORM}, got {value!r}")
+    # Decimal, not float: "0.1s" must be exactly 100000 microseconds.
+    micros = Decimal(match["number"]) * _UNIT_MICROSECONDS[match["unit"]]
+    if micros <= 0:
+        raise ValueError(f"must be positive, got {value!r}")
+    try:
+        return timedelta(microseconds=int(micros))
+    except OverflowError as exc:
+        raise ValueError(f"too large: {value!r}") from exc
+
+
+def _freeze(value: object) -> object:
+    if isinstance(value, Mapping):
+        return MappingProxyType({key: _freeze(item) for key, item in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(item) for item in value)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class EffectContract:
+    """One version of a tool's contract: its safety class and the broker's retry rules."""
+
+    name: str
+    version: str
+    tool: str
+    safety: SafetyClass
+    retry_limit: int = 3
+    key_retention: timedelta | None = None
+    settlement_bound: timedelta | None = None
+    backoff_initial: timedelta = timedelta(seconds=1)
+    backoff_max: timedelta = timedelta(seconds=60)
+    adapter: str = "simulated"
+    adapter_options: Mapping[str, object] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    preview_fields: tuple[str, ...] = ()
+    active: bool = True
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        # Contracts built in code get the same invariants as contracts from a file;
+        # the loader re-raises these errors with the file name added.
+        self._require_text("name")
+        self._require_text("version")
+        self._require_text("tool")
+        self._require_text("adapter")
+        safety = self.safety if isinstance(self.safety, str) else None
+        if safety not in {item.value for item in SafetyClass}:
+            self._fail("safety", f"must be one of {', '.join(SafetyClass)}")
+        object.__setattr__(self, "safety", SafetyClass(safety))
+        if (
+            not isinstance(self.retry_limit, int)
+            or isinstance(self.retry_limit, bool)
+            or self.retry_limit < 0
+        ):
+            self._fail("retry_limit", "must be an integer >= 0")
+        for name in (
+            "key_retention",
+            "settlement_bound",
+            "backoff_initial",
+            "backoff_max",
+        ):
+            duration = getattr(self, name)
+            if duration is None and name.startswith("backoff"):
+                self._fail(name, "is required")
+            if duration is not None and (
+                not isinstance(duration, timedelta) or duration <= timedelta(0)
+            ):
+                self._fail(name, "must be a positive duration")
+        # Guarantee vocabulary: an idempotent target must declare how long it keeps
+        # keys, and a reconcilable one when a negative lookup becomes conclusive.
+        if self.safety is SafetyClass.IDEMPOTENT and self.key_retention is None:
+            self._fail("key_retention", "required for safety class idempotent")
+        if self.safety is SafetyClass.RECONCILABLE and self.settlement_bound is None:
+            self._fail("settlement_bound", "required for safety class reconcilable")
+        if self.backoff_initial > self.backoff_max:
+            self._fail("backoff_initial", "must not exceed backoff_max")
+        if not isinstance(self.adapter_options, Mapping):
+            self._fail("adapter_options", "must be a table")
+        object.__setattr__(self, "adapter_options", _freeze(self.adapter_options))
+        if not isinstance(self.preview_fields, list | tuple) or not all(
+            isinstance(item, str) for item in self.preview_fields
+        ):
+            self._fail("preview_fields", "must be a list of strings")
+        object.__setattr__(self, "preview_fields", tuple(self.preview_fields))
+        if not isinstance(self.active, bool):
+            self._fail("active", "must be true or false")
+        if not isinstance(self.description, str):
+            self._fail("description", "must be a string")
+
+    def _require_text(self, name: str) -> None:
+        value = getattr(self, name)
+        if not isinstance(value, str) or not value.strip() or value != value.strip():
+            self._fail(name, "must be a non-empty string without surrounding whitespace")
+
+    def _fail(self, field_name: str, reason: str) -> NoReturn:
+        name = self.name if isinstance(self.name, str) and self.name else None
+        version = self.version if isinstance(self.version, str) else None
+        raise ContractError(reason, contract=name, version=version, field=field_name)
+
+    def __hash__(self) -> int:
+        # adapter_options is a mapping and so unhashable; equal contracts share these.
+        return hash((self.name, self.version, self.tool, self.safety))
+
+    def backoff(self, attempt: int) -> timedelta:
+        """Return the delay before retry ``attempt`` (1-based): doubling, capped."""
+        if attempt < 1:
+            raise ValueError(f"attempt is 1-based, got {attempt}")
+        # Compare in seconds before multiplying: timedelta * 2**n overflows for a large
+        # attempt count long before the cap matters.
+        exponent = attempt - 1
+        if exponent >= 64 or (
+            self.backoff_initial.total_seconds() * 2**exponent
+            >= self.backoff_max.total_seconds()
+        ):
+            return self.backoff_max
+        return self.backoff_initial * 2**exponent
+
+
+class ContractRegistry:
+    """The loaded contracts: the active one per tool, and every version by name."""
+
+    def __init__(self, contracts: Iterable[EffectContract], *, source: str | None = None):
+        self._contracts: list[EffectContract] = []
+        self._by_key: dict[tuple[str, str], EffectContract] = {}
+        self._active: dict[str, EffectContract] = {}
+        for contract in contracts:
+            key = (contract.name, contract.version)
+            if key in self._by_key:
+                raise ContractError(
+                    "duplicate (name, version); each contract version is defined once",
+                    file=source,
+                    contract=contract.name,
+                    version=contract.version,
+                    field="version",
+                )
+            if contract.active and contract.tool in self._active:
+                other = self._active[contract.tool]
+                raise ContractError(
+                    f"tool {contract.tool!r} already has active contract "
+                    f"{other.name!r} v{other.version}; at most one active per tool",
+                    file=source,
+                    contract=contract.name,
+                    version=contract.version,
+                    field="active",
+                )
+            self._contracts.append(contract)
+            self._by_key[key] = contract
+            if contract.active:
+                self._active[contract.tool] = contract
+
+    def for_tool(self, tool: str) -> EffectContract:
+        """Return the active contract for ``tool`` (what a new reservation pins)."""
+        try:
+            return self._active[tool]
+        except KeyError:
+            raise UnknownContractError(
+                f"no active contract for tool {tool!r}", tool=tool
+            ) from None
+
+    def get(self, name: str, version: str) -> EffectContract:
+        """Return the pinned contract ``name`` v``version``, active or not."""
+        try:
+            return self._by_key[(name, version)]
+        except KeyError:
+            raise UnknownContractError(
+                f"unknown contract {name!r} v{version}", contract=name, version=version
+            ) from None
+
+    def tools(self) -> list[str]:
+        """Return the tools that have an active contract, sorted."""
+        return sorted(self._active)
+
+    def __iter__(self) -> Iterator[EffectContract]:
+        return iter(self._contracts)
+
+    def __len__(self) -> int:
+        return len(self._contracts)
+
+    def __repr__(self) -> str:
+        return f"<ContractRegistry {len(self)} contracts, tools={self.tools()}>"
+
+
+_FIELDS = (
+    "name",
+    "version",
+    "tool",
+    "safety",
+    "retry_limit",
+    "key_retention",
+    "settlement_bound",
+    "backoff_initial",
+    "backoff_max",
+    "adapter",
+    "adapter_options",
+    "preview_fields",
+    "active",
+    "description",
+)
+_DURATION_FIELDS = ("key_retention", "settlement_bound", "backoff_initial", "backoff_max")
+_LINE = re.compile(r"at line (\d+)")
+
+
+def _unknown_key_reason(key: str, allowed: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(allowed), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown key{hint} (allowed: {', '.join(sorted(allowed))})"
+
+
+def _parse_one(raw: object, index: int, source: str) -> EffectContract:
+    def error(
+        reason: str, field_name: str, name: str | None = None, version: object = None
+    ) -> ContractError:
+        return ContractError(
+            reason,
+            file=source,
+            contract=name,
+            version=version if isinstance(version, str) else None,
+            index=index,
+            field=field_name,
+        )
+
+    if not isinstance(raw, dict):
+        raise error("each [[contract]] entry must be a table", "contract")
+    table: dict[str, Any] = raw
+    name = table.get("name")
+    label = name if isinstance(name, str) and name.strip() else None
+    version = table.get("version")
+    for key in table:
+        if key not in _FIELDS:
+            raise error(_unknown_key_reason(key, _FIELDS), key, label, version)
+    for required in ("name", "version", "safety"):
+        if required not in table:
+            raise error("is required", required, label, version)
+    for text_field in ("name", "version", "tool", "adapter", "description"):
+        if text_field in table and not isinstance(table[text_field], str):
+            hint = ' (write version = "1")' if text_field == "version" else ""
+            raise error(f"must be a string{hint}", text_field, label, version)
+    values: dict[str, Any] = {key: table[key] for key in _FIELDS if key in table}
+    values.setdefault("tool", name)
+    safety = table["safety"]
+    if not isinstance(safety, str) or safety not in {item.value for item in SafetyClass}:
+        allowed = ", ".join(SafetyClass)
+        raise error(f"must be one of {allowed}, got {safety!r}", "safety", label, version)
+    for duration_field in _DURATION_FIELDS:
+        if duration_field in table:
+            try:
+                values[duration_field] = parse_duration(table[duration_field])
+            except ValueError as exc:
+                raise error(str(exc), duration_field, label, version) from exc
+    if "adapter_options" in table and not isinstance(table["adapter_options"], dict):
+        raise error(
+            "must be a table ([contract.adapter_options])",
+            "adapter_options",
+            label,
+            version,
+        )
+    if "preview_fields" in table and not isinstance(table["preview_fields"], list):
+        raise error("must be a list of strings", "preview_fields", label, version)
+    try:
+        return EffectContract(**values)
+    except ContractError as exc:
+        # Same invariant, now with the file and position an operator needs.
+        reason, field_name = str(exc.details["reason"]), str(exc.details["field"])
+        raise error(reason, field_name, label, version) from exc
+
+
+def parse_contracts(text: str, *, source: str = "<string>") -> ContractRegistry:
+    """Parse and validate contracts from TOML text; ``source`` names it in errors."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line = _LINE.search(str(exc))
+        raise ContractError(
+            f"invalid TOML: {exc}", file=source, line=int(line[1]) if line else None
+        ) from exc
+    for key in data:
+        if key != "contract":
+            raise ContractError(
+                "unknown top-level key; the file holds only [[contract]] tables",
+                file=source,
+                field=key,
+            )
+    entries = data.get("contract", [])
+    if not isinstance(entries, list):
+        raise ContractError(
+            "must be an array of tables: write [[contract]], not [contract]",
+            file=source,
+            field="contract",
+        )
+    contracts = [_parse_one(raw, index, source) for index, raw in enumerate(entries, 1)]
+    return ContractRegistry(contracts, source=source)
+
+
+def load_contracts(path: str | os.PathLike[str]) -> ContractRegistry:
+    """Load and validate a contracts TOML file."""
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ContractError(f"cannot read contracts file: {exc}", file=source) from exc
+    return parse_contracts(text, source=source)

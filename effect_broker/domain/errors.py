@@ -1,0 +1,275 @@
+"""The one error taxonomy of effect-broker (STYLE rule 3).
+
+Every error the broker raises on purpose is an ``EffectBrokerError``. Each subclass has a
+stable snake_case ``code`` (clients and logs key on it, so it never changes), an
+``http_status`` used by the single API exception handler, a docstring whose first line is
+the default message, and structured ``details``. Foreign exceptions are wrapped at the
+boundary with ``raise ... from exc`` so the cause survives.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class EffectBrokerError(Exception):
+    """effect-broker error."""
+
+    code: ClassVar[str] = "effect_broker_error"
+    http_status: ClassVar[int] = 400
+
+    def __init__(self, message: str | None = None, **details: object) -> None:
+        self.message: str = message if message is not None else self.default_message()
+        self.details: dict[str, object] = dict(details)
+        super().__init__(self.message)
+
+    @classmethod
+    def default_message(cls) -> str:
+        """Return the class docstring's first paragraph (its first line, if one-line)."""
+        doc = (cls.__doc__ or cls.__name__).strip()
+        paragraph = doc.split("\n\n", 1)[0]
+        return " ".join(line.strip() for line in paragraph.splitlines())
+
+    def __str__(self) -> str:
+        return self.message
+
+    def to_dict(self) -> dict[str, object]:
+        """Return the wire shape ``{"code", "message", "details"}`` for API responses."""
+        return {"code": self.code, "message": self.message, "details": dict(self.details)}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception pickling replays ``cls(*args)``, which would drop ``details`` and
+        # re-run subclass message composition; rebuild from the stored state instead.
+        return (_restore_error, (type(self), self.message, self.details))
+
+
+def _restore_error(
+    cls: type[EffectBrokerError], message: str, details: dict[str, object]
+) -> EffectBrokerError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.message = message
+    error.details = dict(details)
+    return error
+
+
+# --- payloads -------------------------------------------------------------------------
+
+
+class InvalidJsonError(EffectBrokerError):
+    """Payload is not valid JSON for the broker's canonical form."""
+
+    code = "invalid_json"
+    http_status = 400
+
+
+class NumberOutOfRangeError(InvalidJsonError):
+    """Number outside the exact JSON range ±(2**53-1); money and big numbers travel
+    as strings or minor-unit integers.
+    """
+
+    code = "number_out_of_range"
+    http_status = 400
+
+
+class InvalidRequestError(EffectBrokerError):
+    """The request is malformed."""
+
+    code = "invalid_request"
+    http_status = 400
+
+
+class PayloadConflictError(EffectBrokerError):
+    """This operation_key was already used with a different payload or contract."""
+
+    code = "payload_conflict"
+    http_status = 409
+
+
+# --- contracts ------------------------------------------------------------------------
+
+
+class ContractError(EffectBrokerError):
+    """The effect contract definition is invalid."""
+
+    code = "invalid_contract"
+    http_status = 500
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        file: str | None = None,
+        contract: str | None = None,
+        version: str | None = None,
+        index: int | None = None,
+        field: str | None = None,
+        **details: object,
+    ) -> None:
+        # The message names where to look, "<file>: contract '<name>' v<version>:
+        # field '<field>': <reason>", so an operator can fix a bad deploy from one log
+        # line. ``index`` (1-based position in the file) stands in for a missing name.
+        reason = message if message is not None else self.default_message()
+        parts = [file] if file else []
+        if contract:
+            label = f"contract {contract!r}"
+            if version:
+                label += f" {version}" if version.startswith("v") else f" v{version}"
+            parts.append(label)
+        elif index is not None:
+            parts.append(f"contract #{index}")
+        if field:
+            parts.append(f"field {field!r}")
+        parts.append(reason)
+        super().__init__(
+            ": ".join(parts),
+            file=file,
+            contract=contract,
+            version=version,
+            index=index,
+            field=field,
+            reason=reason,
+            **details,
+        )
+
+
+class UnknownContractError(EffectBrokerError):
+    """No active contract matches this tool or contract version."""
+
+    code = "unknown_contract"
+    http_status = 422
+
+
+# --- ledger ---------------------------------------------------------------------------
+
+
+class StaleWriteError(EffectBrokerError):
+    """The effect changed since it was read; the fenced write was refused."""
+
+    code = "stale_write"
+    http_status = 409
+
+
+class UnfencedWriteError(EffectBrokerError):
+    """A ledger write tried to bypass the version fence."""
+
+    code = "unfenced_write"
+    http_status = 500
+
+
+class IllegalTransitionError(EffectBrokerError):
+    """The state machine does not allow this transition."""
+
+    code = "illegal_transition"
+    http_status = 409
+
+
+class AppendOnlyError(EffectBrokerError):
+    """Receipts and events are append-only; they cannot be changed or deleted."""
+
+    code = "append_only"
+    http_status = 500
+
+
+class EffectNotFoundError(EffectBrokerError):
+    """No such effect for this tenant."""
+
+    code = "effect_not_found"
+    http_status = 404
+
+
+class EventChainBrokenError(EffectBrokerError):
+    """The effect's event digest chain does not verify."""
+
+    code = "event_chain_broken"
+    http_status = 500
+
+
+class DecryptionError(EffectBrokerError):
+    """A stored payload could not be decrypted."""
+
+    code = "decryption_failed"
+    http_status = 500
+
+
+# --- tenants and authentication -------------------------------------------------------
+
+
+class TenantNotFoundError(EffectBrokerError):
+    """No such tenant."""
+
+    code = "tenant_not_found"
+    http_status = 404
+
+
+class TenantDisabledError(EffectBrokerError):
+    """This tenant is disabled."""
+
+    code = "tenant_disabled"
+    http_status = 403
+
+
+class AuthenticationError(EffectBrokerError):
+    """Missing or invalid credentials."""
+
+    code = "unauthenticated"
+    http_status = 401
+
+
+# --- deployment -----------------------------------------------------------------------
+
+
+class ConfigurationError(EffectBrokerError):
+    """The broker is misconfigured."""
+
+    code = "configuration"
+    http_status = 500
+
+
+class EmbeddedPostgresError(EffectBrokerError):
+    """The embedded PostgreSQL server could not be started or reached."""
+
+    code = "embedded_postgres"
+    http_status = 500
+
+
+# --- adapters (target truth) ----------------------------------------------------------
+
+
+class AdapterError(EffectBrokerError):
+    """The target adapter failed."""
+
+    code = "adapter_error"
+    http_status = 502
+
+
+class RetryableAdapterError(AdapterError):
+    """The target refused the request and proved nothing was committed; retry is safe."""
+
+    code = "adapter_retryable"
+
+
+class TerminalAdapterError(AdapterError):
+    """The target refused the request definitively; retrying cannot succeed."""
+
+    code = "adapter_terminal"
+
+
+class OutcomeUnknownError(AdapterError):
+    """Request bytes may have reached the target and the result is unknown."""
+
+    code = "outcome_unknown"
+
+
+def _all_subclasses(cls: type[EffectBrokerError]) -> list[type[EffectBrokerError]]:
+    found: list[type[EffectBrokerError]] = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+ERROR_CODES: dict[str, type[EffectBrokerError]] = {
+    error.code: error for error in _all_subclasses(EffectBrokerError)
+}
+"""Stable error code -> error class, for clients and the API exception handler."""

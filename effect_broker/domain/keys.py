@@ -1,0 +1,133 @@
+"""Request hashes, tenant HMAC keys and downstream idempotency keys.
+
+Spec "Operation identity and payload binding":
+
+    request_hash = SHA-256(
+        canonical_json({tool, arguments, contract_name, contract_version}))
+    downstream_key = base64url(
+        HMAC-SHA-256(tenant_key, tenant_id + "\\0" + operation_key))
+
+The identity of an effect is ``(tenant_id, operation_key)``, never a hash of the
+arguments: two identical $10 refunds may both be legitimate. The request hash only binds
+the payload to that identity so a reused key with a different payload is a conflict.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import Mapping
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from effect_broker.domain.canonical import canonical_json
+from effect_broker.domain.errors import ConfigurationError, InvalidRequestError
+
+MASTER_KEY_BYTES = 32
+"""Required length of the broker master key (256 bits)."""
+
+MIN_TENANT_KEY_BYTES = 32
+"""Shortest tenant HMAC key accepted: the output of ``derive_tenant_hmac_key``."""
+
+MAX_OPERATION_KEY_LENGTH = 200
+"""Longest operation_key accepted, in characters."""
+
+TENANT_HMAC_INFO_PREFIX = b"effect-broker/tenant-hmac/v1\0"
+"""HKDF ``info`` prefix for tenant HMAC keys; the hmac_key_id follows it."""
+
+
+def request_hash(
+    *,
+    tool: str,
+    arguments: Mapping[str, object],
+    contract_name: str,
+    contract_version: str,
+) -> bytes:
+    """Return the 32-byte SHA-256 binding a payload to its tool and pinned contract."""
+    document = {
+        "tool": tool,
+        "arguments": arguments,
+        "contract_name": contract_name,
+        "contract_version": contract_version,
+    }
+    return hashlib.sha256(canonical_json(document)).digest()
+
+
+def derive_tenant_hmac_key(master_key: bytes, hmac_key_id: str) -> bytes:
+    """Derive a tenant's 32-byte HMAC key from the master key with HKDF-SHA256."""
+    _check_master_key(master_key)
+    # Deriving (rather than storing) tenant keys means a database dump alone cannot
+    # forge downstream keys; the key id lets a tenant's key rotate independently.
+    return HKDF(
+        algorithm=hashes.SHA256(),
+        length=32,
+        salt=None,
+        info=TENANT_HMAC_INFO_PREFIX + hmac_key_id.encode("utf-8"),
+    ).derive(master_key)
+
+
+def _check_master_key(master_key: bytes) -> None:
+    if not isinstance(master_key, bytes) or len(master_key) != MASTER_KEY_BYTES:
+        raise ConfigurationError(
+            f"master key must be exactly {MASTER_KEY_BYTES} bytes",
+            setting="master_key",
+        )
+
+
+def _identity_message(tenant_id: str, operation_key: str) -> bytes:
+    # NUL separates the two parts; neither may contain one, or ("a\0b", "c") and
+    # ("a", "b\0c") would share a downstream key across tenants.
+    if "\0" in tenant_id or "\0" in operation_key:
+        raise InvalidRequestError("tenant_id and operation_key must not contain NUL")
+    return f"{tenant_id}\0{operation_key}".encode()
+
+
+def downstream_key(tenant_key: bytes, tenant_id: str, operation_key: str) -> str:
+    """Return the idempotency key sent to the target on every attempt (base64url)."""
+    if not isinstance(tenant_key, bytes) or len(tenant_key) < MIN_TENANT_KEY_BYTES:
+        raise ConfigurationError(
+            f"tenant HMAC key must be at least {MIN_TENANT_KEY_BYTES} bytes",
+            setting="tenant_key",
+        )
+    mac = hmac.new(tenant_key, _identity_message(tenant_id, operation_key), "sha256")
+    return base64.urlsafe_b64encode(mac.digest()).rstrip(b"=").decode("ascii")
+
+
+def digest_hex(data: bytes) -> str:
+    """Return the SHA-256 hex digest of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def operation_key_digest(tenant_id: str, operation_key: str) -> str:
+    """Return a SHA-256 hex digest naming an operation in logs without revealing it."""
+    return digest_hex(_identity_message(tenant_id, operation_key))
+
+
+def validate_operation_key(key: str) -> str:
+    """Return ``key`` if it is a usable operation_key, else raise InvalidRequestError."""
+    if not isinstance(key, str):
+        raise InvalidRequestError(
+            f"operation_key must be a string, not {type(key).__name__}",
+            field="operation_key",
+        )
+    if not 1 <= len(key) <= MAX_OPERATION_KEY_LENGTH:
+        raise InvalidRequestError(
+            f"operation_key must be 1 to {MAX_OPERATION_KEY_LENGTH} characters, "
+            f"got {len(key)}",
+            field="operation_key",
+        )
+    if key != key.strip():
+        # "order:1" and "order:1 " would otherwise be two intents for one business
+        # operation, which is exactly the duplicate the broker exists to prevent.
+        raise InvalidRequestError(
+            "operation_key must not start or end with whitespace", field="operation_key"
+        )
+    if not key.isprintable():
+        # Rejects control characters (NUL would break the downstream key message),
+        # invisible format characters and lone surrogates.
+        raise InvalidRequestError(
+            "operation_key must contain only printable characters", field="operation_key"
+        )
+    return key

@@ -1,0 +1,262 @@
+"""Request hashes and downstream keys (spec "Operation identity and payload binding")."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from typing import Any
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from effect_broker.domain.canonical import MAX_SAFE_INTEGER, canonical_json
+from effect_broker.domain.errors import ConfigurationError, InvalidRequestError
+from effect_broker.domain.keys import (
+    derive_tenant_hmac_key,
+    digest_hex,
+    downstream_key,
+    operation_key_digest,
+    request_hash,
+    validate_operation_key,
+)
+
+MASTER = bytes(range(32))
+TENANT = "00000000-0000-4000-8000-000000000001"
+OTHER_TENANT = "00000000-0000-4000-8000-000000000002"
+OP_KEY = "order:ord_123:charge:v1"
+ARGS = {"amount": 1000, "currency": "EUR"}
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-MAX_SAFE_INTEGER, max_value=MAX_SAFE_INTEGER)
+    | st.text(max_size=10)
+)
+json_args = st.dictionaries(
+    st.text(max_size=8),
+    st.recursive(
+        json_scalars,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner),
+        max_leaves=8,
+    ),
+    max_size=5,
+)
+operation_keys = st.text(
+    alphabet=st.characters(codec="utf-8", categories=["L", "N", "P", "S"]),
+    min_size=1,
+    max_size=200,
+)
+
+
+def _hash(**overrides: Any) -> bytes:
+    fields: dict[str, Any] = {
+        "tool": "charge_card",
+        "arguments": ARGS,
+        "contract_name": "payments.charge",
+        "contract_version": "1",
+    }
+    fields.update(overrides)
+    return request_hash(**fields)
+
+
+# --- request_hash -----------------------------------------------------------------------
+
+
+def test_given_known_request_then_hash_is_sha256_of_the_canonical_document() -> None:
+    document = (
+        b'{"arguments":{"amount":1000,"currency":"EUR"},"contract_name":"payments.charge",'
+        b'"contract_version":"1","tool":"charge_card"}'
+    )
+    assert _hash() == hashlib.sha256(document).digest()
+    assert _hash().hex() == (
+        "1498613a729c951ad1c0820f1dfb23b5006f39fa68505033c5c615eac87af6e9"
+    )
+    assert len(_hash()) == 32
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tool": "refund_card"},
+        {"arguments": {"amount": 1001, "currency": "EUR"}},
+        {"arguments": {"amount": 1000, "currency": "EUR", "note": None}},
+        {"contract_name": "payments.charge2"},
+        {"contract_version": "2"},
+    ],
+    ids=["tool", "argument value", "extra argument", "contract name", "contract version"],
+)
+def test_given_any_bound_field_changes_then_request_hash_changes(
+    change: dict[str, Any],
+) -> None:
+    assert _hash(**change) != _hash()
+
+
+def test_given_reordered_argument_keys_then_request_hash_is_the_same() -> None:
+    assert _hash(arguments={"currency": "EUR", "amount": 1000}) == _hash()
+    assert _hash(arguments={"amount": 1000.0, "currency": "EUR"}) == _hash()
+
+
+@given(first=json_args, second=json_args)
+def test_given_payload_drift_then_request_hash_differs(
+    first: dict[str, Any], second: dict[str, Any]
+) -> None:
+    assume(canonical_json(first) != canonical_json(second))
+    assert _hash(arguments=first) != _hash(arguments=second)
+
+
+@given(args=json_args)
+def test_given_same_canonical_arguments_then_request_hash_is_stable(
+    args: dict[str, Any],
+) -> None:
+    reordered = dict(reversed(list(args.items())))
+    assert _hash(arguments=reordered) == _hash(arguments=args)
+
+
+# --- tenant keys ------------------------------------------------------------------------
+
+
+def _hkdf_sha256(master: bytes, info: bytes, length: int = 32) -> bytes:
+    """RFC 5869 written out with hmac, as an independent check of the derivation."""
+    prk = hmac.new(bytes(32), master, "sha256").digest()  # salt None = HashLen zeros
+    okm, block = b"", b""
+    for counter in range(1, -(-length // 32) + 1):
+        block = hmac.new(prk, block + info + bytes([counter]), "sha256").digest()
+        okm += block
+    return okm[:length]
+
+
+def test_given_master_key_then_tenant_key_is_hkdf_with_the_versioned_info() -> None:
+    derived = derive_tenant_hmac_key(MASTER, "h1")
+    assert derived == _hkdf_sha256(MASTER, b"effect-broker/tenant-hmac/v1\0h1")
+    assert len(derived) == 32
+
+
+def test_given_different_hmac_key_ids_then_tenant_keys_differ() -> None:
+    assert derive_tenant_hmac_key(MASTER, "h1") != derive_tenant_hmac_key(MASTER, "h2")
+
+
+@pytest.mark.parametrize("master", [b"", bytes(31), bytes(33), "0" * 32])
+def test_given_master_key_not_32_bytes_then_configuration_error(master: Any) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        derive_tenant_hmac_key(master, "h1")
+    assert str(caught.value) == "master key must be exactly 32 bytes"
+
+
+# --- downstream_key ---------------------------------------------------------------------
+
+
+def test_given_known_inputs_then_downstream_key_matches_the_vector() -> None:
+    assert downstream_key(MASTER, TENANT, OP_KEY) == (
+        "_foHbhNsP0qS1NHkvtJLBP78ospQ1YqJmqKLNjSUisE"
+    )
+    tenant_key = derive_tenant_hmac_key(MASTER, "h1")
+    assert downstream_key(tenant_key, TENANT, OP_KEY) == (
+        "NDxviRtNefGDAwDRh0A8-uZVv59K9vGucT_P2d_Pc6c"
+    )
+
+
+@given(tenant_id=st.uuids().map(str), op_key=operation_keys)
+def test_given_any_operation_then_downstream_key_is_stable_urlsafe_and_unpadded(
+    tenant_id: str, op_key: str
+) -> None:
+    key = downstream_key(MASTER, tenant_id, op_key)
+    assert key == downstream_key(MASTER, tenant_id, op_key)
+    assert re.fullmatch(r"[A-Za-z0-9_-]{43}", key)
+
+
+@given(op_key=operation_keys)
+def test_given_same_operation_key_in_two_tenants_then_downstream_keys_differ(
+    op_key: str,
+) -> None:
+    assert downstream_key(MASTER, TENANT, op_key) != downstream_key(
+        MASTER, OTHER_TENANT, op_key
+    )
+
+
+@given(first=operation_keys, second=operation_keys)
+def test_given_two_operation_keys_then_downstream_keys_differ(
+    first: str, second: str
+) -> None:
+    assume(first != second)
+    assert downstream_key(MASTER, TENANT, first) != downstream_key(MASTER, TENANT, second)
+
+
+def test_given_rotated_hmac_key_id_then_downstream_key_differs() -> None:
+    first = downstream_key(derive_tenant_hmac_key(MASTER, "h1"), TENANT, OP_KEY)
+    second = downstream_key(derive_tenant_hmac_key(MASTER, "h2"), TENANT, OP_KEY)
+    assert first != second
+
+
+def test_given_nul_in_identity_then_downstream_key_is_refused() -> None:
+    # ("a\0b", "c") and ("a", "b\0c") would otherwise hash the same message.
+    with pytest.raises(InvalidRequestError):
+        downstream_key(MASTER, "a\0b", "c")
+    with pytest.raises(InvalidRequestError):
+        downstream_key(MASTER, "a", "b\0c")
+
+
+@pytest.mark.parametrize("tenant_key", [b"", b"short", bytes(31)])
+def test_given_short_tenant_key_then_configuration_error(tenant_key: bytes) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        downstream_key(tenant_key, TENANT, OP_KEY)
+    assert str(caught.value) == "tenant HMAC key must be at least 32 bytes"
+
+
+# --- digests ----------------------------------------------------------------------------
+
+
+def test_given_data_then_digest_hex_is_sha256_hex() -> None:
+    assert digest_hex(b"abc") == (
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    )
+
+
+def test_given_operation_then_log_digest_hides_the_key_but_is_stable() -> None:
+    digest = operation_key_digest(TENANT, OP_KEY)
+    assert digest == hashlib.sha256(f"{TENANT}\0{OP_KEY}".encode()).hexdigest()
+    assert OP_KEY not in digest
+    assert digest != operation_key_digest(OTHER_TENANT, OP_KEY)
+
+
+# --- operation_key validation -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "order:ord_123:charge:v1",
+        "ticket:t_456:send-resolution-email:v1",
+        "agent-run:run_789:step:refund_03",
+        "x",
+        "k" * 200,
+        "bestellung:Zoë:1 2",
+    ],
+)
+def test_given_good_operation_key_then_it_is_returned(key: str) -> None:
+    assert validate_operation_key(key) == key
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("", "operation_key must be 1 to 200 characters, got 0"),
+        ("k" * 201, "operation_key must be 1 to 200 characters, got 201"),
+        (" order:1", "operation_key must not start or end with whitespace"),
+        ("order:1 ", "operation_key must not start or end with whitespace"),
+        ("order:1\n", "operation_key must not start or end with whitespace"),
+        ("order\n1", "operation_key must contain only printable characters"),
+        ("order\x001", "operation_key must contain only printable characters"),
+        ("order\x7f1", "operation_key must contain only printable characters"),
+        ("order\u200b1", "operation_key must contain only printable characters"),
+        ("order\ud8001", "operation_key must contain only printable characters"),
+        (123, "operation_key must be a string, not int"),
+        (None, "operation_key must be a string, not NoneType"),
+    ],
+)
+def test_given_bad_operation_key_then_invalid_request(key: Any, message: str) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        validate_operation_key(key)
+    assert str(caught.value) == message
+    assert caught.value.details == {"field": "operation_key"}
