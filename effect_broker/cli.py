@@ -1,0 +1,35 @@
+"""The ``effect-broker`` console script: Django's management commands, friendlier.
+
+``effect-broker <cmd>`` and ``python manage.py <cmd>`` are the same thing. The one
+difference is error handling: a domain error (bad configuration, bad input) prints one
+readable line and exits non-zero instead of showing a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a management command; return the process exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    from effect_broker.domain.errors import EffectBrokerError
+
+    try:
+        from django.core.management import execute_from_command_line
+
+        execute_from_command_line(["effect-broker", *args])
+    except EffectBrokerError as exc:
+        sys.stderr.write(f"effect-broker: error [{exc.code}]: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("effect-broker: interrupted\n")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

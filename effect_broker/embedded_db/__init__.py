@@ -1,0 +1,1 @@
+"""Django database backend that starts the embedded PostgreSQL server on first use."""

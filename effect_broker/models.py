@@ -1,0 +1,264 @@
+"""Ledger tables. Django models are for reading; ``effect_broker.store`` writes.
+
+Every ledger model refuses the ORM's write methods (``save``, ``delete``, and on its
+manager ``create``/``update``/``bulk_*``/``delete``): the only write path is the store's
+fenced compare-and-swap SQL, which bumps ``version`` and appends the transition event in
+the same transaction (STYLE rule 1). A migration backs this with triggers, so even raw
+SQL cannot rewrite receipts or events, nor update an intent without bumping its version
+by exactly one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, NoReturn
+
+from django.db import models
+
+from effect_broker.domain.errors import UnfencedWriteError
+from effect_broker.domain.states import EffectStatus, SafetyClass
+
+STATUS_CHOICES = [(s.value, s.value) for s in EffectStatus]
+SAFETY_CHOICES = [(s.value, s.value) for s in SafetyClass]
+
+
+def _refuse(what: str) -> NoReturn:
+    raise UnfencedWriteError(
+        f"{what} would bypass the fence; ledger rows are written only by "
+        "effect_broker.store (compare-and-swap on version)"
+    )
+
+
+class FencedQuerySet(models.QuerySet):
+    """A read-only queryset: every bulk write path raises ``UnfencedWriteError``."""
+
+    def update(self, **kwargs: Any) -> NoReturn:
+        _refuse("QuerySet.update()")
+
+    def bulk_update(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refuse("QuerySet.bulk_update()")
+
+    def delete(self) -> NoReturn:
+        _refuse("QuerySet.delete()")
+
+    def create(self, **kwargs: Any) -> NoReturn:
+        _refuse("QuerySet.create()")
+
+    def bulk_create(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refuse("QuerySet.bulk_create()")
+
+    def get_or_create(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refuse("QuerySet.get_or_create()")
+
+    def update_or_create(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refuse("QuerySet.update_or_create()")
+
+
+FencedManager = models.Manager.from_queryset(FencedQuerySet)
+
+
+class LedgerModel(models.Model):
+    """Base for ledger rows: readable through the ORM, never written through it."""
+
+    objects = FencedManager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refuse(f"{type(self).__name__}.save()")
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        _refuse(f"{type(self).__name__}.delete()")
+
+
+class Tenant(models.Model):
+    """A caller organisation. Identity comes from its API key, never from a request."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200, unique=True)
+    # SHA-256 hex of the API key: the key itself is shown once and never stored.
+    api_key_hash = models.CharField(max_length=64, unique=True)
+    # Names the HKDF input for this tenant's downstream-key HMAC key (rotation later).
+    hmac_key_id = models.CharField(max_length=64, default="h1")
+    disabled = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "tenants"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class EffectIntent(LedgerModel):
+    """The business intent: one row per (tenant, operation_key), fenced by version."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="effects")
+    operation_key = models.TextField()
+    tool = models.TextField()
+    request_hash = models.BinaryField()
+    # AES-GCM(nonce || ciphertext) of the canonical arguments; key id names the key.
+    arguments_ciphertext = models.BinaryField()
+    arguments_key_id = models.CharField(max_length=64)
+    arguments_preview = models.JSONField(default=dict)
+    contract_name = models.TextField()
+    contract_version = models.TextField()
+    safety_class = models.CharField(max_length=16, choices=SAFETY_CHOICES)
+    downstream_key = models.TextField()
+    status = models.CharField(max_length=20, choices=STATUS_CHOICES)
+    version = models.BigIntegerField()
+    attempt_count = models.IntegerField(default=0)
+    next_action_at = models.DateTimeField(null=True, blank=True)
+    lease_owner = models.TextField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    first_dispatch_at = models.DateTimeField(null=True, blank=True)
+    retention_deadline = models.DateTimeField(null=True, blank=True)
+    settlement_deadline = models.DateTimeField(null=True, blank=True)
+    receipt_id = models.UUIDField(null=True, blank=True)
+    trace_id = models.TextField(null=True, blank=True)
+    requested_by = models.TextField(default="", blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "effect_intents"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "operation_key"],
+                name="effect_intents_tenant_opkey_uniq",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(version__gte=1), name="effect_intents_version_positive"
+            ),
+        ]
+        indexes = [
+            # Due work: the sweeper and claimers look up by status and due time.
+            models.Index(
+                fields=["status", "next_action_at"], name="effect_intents_due_idx"
+            ),
+            models.Index(
+                fields=["tenant", "status", "created_at"], name="effect_intents_list_idx"
+            ),
+            # The sweeper's "whose lease expired" scan touches only in-flight rows.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="effect_intents_lease_idx",
+                condition=models.Q(status__in=["dispatching", "reconciling"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operation_key} [{self.status}]"
+
+
+class EffectAttempt(LedgerModel):
+    """One dispatch attempt, committed before any byte may leave the process."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    effect = models.ForeignKey(
+        EffectIntent, on_delete=models.PROTECT, related_name="attempts"
+    )
+    ordinal = models.IntegerField()
+    worker = models.TextField()
+    fencing_version = models.BigIntegerField()
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    request_digest = models.TextField(default="", blank=True)
+    response_digest = models.TextField(default="", blank=True)
+    transport_meta = models.JSONField(default=dict)
+    error_category = models.TextField(default="", blank=True)
+    outcome = models.TextField(default="", blank=True)
+    bytes_may_have_left = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "effect_attempts"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["effect", "ordinal"], name="effect_attempts_effect_ordinal_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.ordinal} of {self.effect_id}"
+
+
+class EffectReceipt(LedgerModel):
+    """The immutable terminal-success receipt; one per effect."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    effect = models.OneToOneField(
+        EffectIntent, on_delete=models.PROTECT, related_name="receipt"
+    )
+    external_id = models.TextField(null=True, blank=True)
+    result_ciphertext = models.BinaryField()
+    result_key_id = models.CharField(max_length=64)
+    result_preview = models.JSONField(default=dict)
+    evidence_digest = models.TextField(default="", blank=True)
+    target_timestamp = models.DateTimeField(null=True, blank=True)
+    contract_version = models.TextField()
+    downstream_key_digest = models.TextField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "effect_receipts"
+
+    def __str__(self) -> str:
+        return f"receipt {self.id}"
+
+
+class EffectEvent(LedgerModel):
+    """An append-only transition event, chained to its predecessor by digest."""
+
+    id = models.BigAutoField(primary_key=True)
+    effect = models.ForeignKey(
+        EffectIntent, on_delete=models.PROTECT, related_name="events"
+    )
+    sequence = models.IntegerField()
+    event_type = models.TextField()
+    old_status = models.CharField(max_length=20, null=True, blank=True)
+    new_status = models.CharField(max_length=20)
+    version = models.BigIntegerField()
+    actor = models.TextField()
+    occurred_at = models.DateTimeField()
+    metadata = models.JSONField(default=dict)
+    prev_digest = models.BinaryField()
+    digest = models.BinaryField()
+
+    class Meta:
+        db_table = "effect_events"
+        ordering = ["effect", "sequence"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["effect", "sequence"], name="effect_events_effect_sequence_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.effect_id}#{self.sequence} {self.event_type}"
+
+
+class StaleWrite(LedgerModel):
+    """A write refused by the fence: who tried, on which version, and what it wanted.
+
+    Recorded after the refused transaction rolled back, so a zombie worker's late write
+    stays visible (spec: alert on any non-zero stale-worker write count).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    effect = models.ForeignKey(
+        EffectIntent, on_delete=models.PROTECT, related_name="stale_writes"
+    )
+    actor = models.TextField()
+    expected_version = models.BigIntegerField()
+    actual_version = models.BigIntegerField(null=True)
+    attempted = models.TextField()
+    occurred_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "effect_stale_writes"
+
+    def __str__(self) -> str:
+        return f"stale write on {self.effect_id} by {self.actor}"

@@ -1,0 +1,1 @@
+"""Use cases over the store and the domain core: submit, dispatch, reconcile, resolve."""

@@ -1,0 +1,243 @@
+"""Dispatch: claim an effect, commit the attempt, call the target once, record the truth.
+
+Spec "State machine" rule 1: DISPATCHING and the attempt row commit before any network
+I/O, so a worker that dies mid-call leaves evidence that bytes may have left. The
+outcome is written with the version the worker holds; a worker whose lease was taken
+away is refused by the fence and its late write is recorded, never applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import transaction
+
+from effect_broker import failpoints, store
+from effect_broker.adapters.base import DispatchRequest, EffectAdapter
+from effect_broker.domain.contracts import EffectContract
+from effect_broker.domain.errors import (
+    OutcomeUnknownError,
+    RetryableAdapterError,
+    StaleWriteError,
+    TerminalAdapterError,
+)
+from effect_broker.domain.records import EffectRecord
+from effect_broker.domain.states import EffectStatus, SafetyClass
+from effect_broker.services import outcomes
+from effect_broker.services.lease import LeaseKeeper
+from effect_broker.services.payloads import load_arguments
+from effect_broker.services.runtime import Runtime, get_runtime
+
+logger = logging.getLogger(__name__)
+
+#: States from which a dispatch job may start an attempt.
+DISPATCHABLE = frozenset({EffectStatus.PREPARED, EffectStatus.RETRYABLE})
+
+
+def note_stale_write(rt: Runtime, error: StaleWriteError, *, actor: str) -> None:
+    """Persist and log a fenced-out write (outside the refused transaction)."""
+    store.record_stale_write(error, actor=actor, now=rt.clock.now())
+    logger.warning(
+        "stale write refused",
+        extra={
+            "action": "stale_write",
+            "effect_id": error.details.get("effect_id"),
+            "expected_version": error.details.get("expected_version"),
+        },
+    )
+
+
+def dispatch(
+    effect_id: str, *, worker: str, runtime: Runtime | None = None
+) -> EffectRecord:
+    """Dispatch ``effect_id`` if due; safe to call any number of times."""
+    rt = runtime or get_runtime()
+    record = store.load_effect_for_worker(effect_id)
+    if record.status not in DISPATCHABLE:
+        return record
+    now = rt.clock.now()
+    if record.next_action_at is not None and record.next_action_at > now:
+        rt.scheduler.dispatch(effect_id, at=record.next_action_at)
+        return record
+    contract = rt.registry.get(record.contract_name, record.contract_version)
+    try:
+        return _dispatch_due(rt, record, contract, worker=worker)
+    except StaleWriteError as exc:
+        note_stale_write(rt, exc, actor=worker)
+        return store.load_effect_for_worker(effect_id)
+
+
+def _dispatch_due(
+    rt: Runtime, record: EffectRecord, contract: EffectContract, *, worker: str
+) -> EffectRecord:
+    if record.attempt_count > contract.retry_limit:
+        return outcomes.record_failed(
+            rt,
+            record,
+            actor=worker,
+            attempt_id=None,
+            reason="retry limit reached",
+            event_type="retries_exhausted",
+        )
+    if record.status is EffectStatus.RETRYABLE and not within_key_retention(rt, record):
+        return _to_manual_review(rt, record, actor=worker, reason="key retention expired")
+    adapter = rt.adapter_for(contract)
+    if adapter.transactional:
+        return _dispatch_transactional(rt, record, contract, adapter, worker=worker)
+    return send_attempt(rt, record, contract, adapter, worker=worker)
+
+
+def within_key_retention(rt: Runtime, record: EffectRecord) -> bool:
+    """True while an idempotent target still remembers the downstream key (less margin).
+
+    Spec rule 4 and "Important constraints": once the target may have forgotten the
+    key, a resend could create a second effect, so automatic retry stops.
+    """
+    if record.safety is not SafetyClass.IDEMPOTENT or record.retention_deadline is None:
+        return True
+    return rt.clock.now() < record.retention_deadline - rt.timing.retention_margin
+
+
+def _to_manual_review(
+    rt: Runtime, record: EffectRecord, *, actor: str, reason: str
+) -> EffectRecord:
+    return store.transition(
+        record,
+        EffectStatus.MANUAL_REVIEW,
+        event_type="manual_review_required",
+        actor=actor,
+        now=rt.clock.now(),
+        metadata={"reason": reason},
+        changes={"lease_owner": None, "lease_expires_at": None, "next_action_at": None},
+    )
+
+
+def attempt_changes(
+    rt: Runtime, record: EffectRecord, contract: EffectContract, *, worker: str
+) -> dict[str, Any]:
+    """Lease and deadlines written together with DISPATCHING."""
+    now = rt.clock.now()
+    first = record.first_dispatch_at or now
+    changes: dict[str, Any] = {
+        "lease_owner": worker,
+        "lease_expires_at": now + rt.timing.lease,
+        "next_action_at": None,
+        "first_dispatch_at": first,
+    }
+    if contract.safety is SafetyClass.IDEMPOTENT and contract.key_retention:
+        changes["retention_deadline"] = first + contract.key_retention
+    if contract.safety is SafetyClass.RECONCILABLE and contract.settlement_bound:
+        # Counted from the latest time bytes may have left: after a conclusive
+        # not-committed and a resend, the clock starts again.
+        changes["settlement_deadline"] = now + contract.settlement_bound
+    return changes
+
+
+def send_attempt(
+    rt: Runtime,
+    record: EffectRecord,
+    contract: EffectContract,
+    adapter: EffectAdapter,
+    *,
+    worker: str,
+) -> EffectRecord:
+    """Commit DISPATCHING + attempt, call the adapter once, record what happened."""
+    arguments = load_arguments(rt, record)
+    record, attempt_id = store.start_attempt(
+        record,
+        worker=worker,
+        now=rt.clock.now(),
+        changes=attempt_changes(rt, record, contract, worker=worker),
+    )
+    request = DispatchRequest(
+        effect=record, arguments=arguments, attempt_id=attempt_id, contract=contract
+    )
+    with LeaseKeeper(rt, record, worker=worker) as keeper:
+        try:
+            result = adapter.dispatch(request)
+        except RetryableAdapterError as exc:
+            failure: tuple[str, str] | None = ("retryable", str(exc))
+        except TerminalAdapterError as exc:
+            failure = ("terminal", str(exc))
+        except OutcomeUnknownError as exc:
+            failure = ("unknown", str(exc))
+        else:
+            failure = None
+    held = keeper.current()
+    if failure is None:
+        return outcomes.record_success(
+            rt,
+            held,
+            contract,
+            result,
+            actor=worker,
+            attempt_id=attempt_id,
+            event_type="dispatch_succeeded",
+        )
+    kind, reason = failure
+    if kind == "retryable":
+        return outcomes.record_retryable(
+            rt, held, contract, actor=worker, attempt_id=attempt_id, reason=reason
+        )
+    if kind == "terminal":
+        return outcomes.record_failed(
+            rt, held, actor=worker, attempt_id=attempt_id, reason=reason
+        )
+    return outcomes.record_unknown(
+        rt, held, actor=worker, attempt_id=attempt_id, reason=reason
+    )
+
+
+def _dispatch_transactional(
+    rt: Runtime,
+    record: EffectRecord,
+    contract: EffectContract,
+    adapter: EffectAdapter,
+    *,
+    worker: str,
+) -> EffectRecord:
+    """Safety class ``transactional``: mutation, receipt and event in ONE transaction.
+
+    A crash anywhere inside rolls everything back, including the attempt row, so the
+    effect is still PREPARED and the next job applies it exactly once.
+    """
+    arguments = load_arguments(rt, record)
+    with transaction.atomic():
+        started, attempt_id = store.start_attempt(
+            record,
+            worker=worker,
+            now=rt.clock.now(),
+            changes=attempt_changes(rt, record, contract, worker=worker),
+        )
+        request = DispatchRequest(
+            effect=started, arguments=arguments, attempt_id=attempt_id, contract=contract
+        )
+        try:
+            with transaction.atomic():  # the mutation alone, so a refusal can be recorded
+                result = adapter.dispatch(request)
+        except RetryableAdapterError as exc:
+            return outcomes.record_retryable(
+                rt,
+                started,
+                contract,
+                actor=worker,
+                attempt_id=attempt_id,
+                reason=str(exc),
+            )
+        except (TerminalAdapterError, OutcomeUnknownError) as exc:
+            # Nothing of the mutation survived its savepoint: this is a proved refusal.
+            return outcomes.record_failed(
+                rt, started, actor=worker, attempt_id=attempt_id, reason=str(exc)
+            )
+        done = outcomes.record_success(
+            rt,
+            started,
+            contract,
+            result,
+            actor=worker,
+            attempt_id=attempt_id,
+            event_type="dispatch_succeeded",
+        )
+    failpoints.hit("after_receipt_commit")
+    return done

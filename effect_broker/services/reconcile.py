@@ -1,0 +1,197 @@
+"""Reconcile: resolve an unknown outcome from the target's truth, never by guessing.
+
+Spec "State machine" rules 4-6:
+
+* idempotent   - redispatch with the SAME downstream key while the target still retains
+                 it (less a safety margin); after that, manual review;
+* reconcilable - probe first. COMMITTED records the receipt without any resend; a
+                 NOT_COMMITTED answer is conclusive only after the settlement deadline
+                 (before it, it counts as unknown); only a conclusive NOT_COMMITTED
+                 requeues the effect;
+* unsafe       - never redispatched; it stays outcome_unknown until an operator acts.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from effect_broker import store
+from effect_broker.adapters.base import DispatchResult, ProbeRequest, ProbeResult
+from effect_broker.domain.contracts import EffectContract
+from effect_broker.domain.errors import StaleWriteError
+from effect_broker.domain.records import EffectRecord
+from effect_broker.domain.states import EffectStatus, ProbeStatus, SafetyClass
+from effect_broker.services import outcomes
+from effect_broker.services.dispatch import (
+    note_stale_write,
+    send_attempt,
+    within_key_retention,
+)
+from effect_broker.services.payloads import load_arguments
+from effect_broker.services.runtime import Runtime, get_runtime
+
+_CLEAR_LEASE = {"lease_owner": None, "lease_expires_at": None}
+
+
+def reconcile(
+    effect_id: str, *, worker: str, runtime: Runtime | None = None
+) -> EffectRecord:
+    """Reconcile ``effect_id`` if its outcome is unknown and it is due."""
+    rt = runtime or get_runtime()
+    record = store.load_effect_for_worker(effect_id)
+    if record.status is not EffectStatus.OUTCOME_UNKNOWN:
+        return record
+    if record.safety is SafetyClass.UNSAFE:
+        return record  # rule 6: an operator resolves it; nothing automatic, ever
+    now = rt.clock.now()
+    if record.next_action_at is not None and record.next_action_at > now:
+        rt.scheduler.reconcile(effect_id, at=record.next_action_at)
+        return record
+    contract = rt.registry.get(record.contract_name, record.contract_version)
+    try:
+        claimed = store.transition(
+            record,
+            EffectStatus.RECONCILING,
+            event_type="reconcile_started",
+            actor=worker,
+            now=now,
+            changes={"lease_owner": worker, "lease_expires_at": now + rt.timing.lease},
+        )
+        if record.safety is SafetyClass.IDEMPOTENT:
+            return _reconcile_idempotent(rt, claimed, contract, worker=worker)
+        if record.safety is SafetyClass.RECONCILABLE:
+            return _reconcile_by_probe(rt, claimed, contract, worker=worker)
+        return _manual_review(
+            rt,
+            claimed,
+            actor=worker,
+            reason=f"{record.safety} effect with unknown outcome",
+        )
+    except StaleWriteError as exc:
+        note_stale_write(rt, exc, actor=worker)
+        return store.load_effect_for_worker(effect_id)
+
+
+def _manual_review(
+    rt: Runtime, record: EffectRecord, *, actor: str, reason: str
+) -> EffectRecord:
+    return store.transition(
+        record,
+        EffectStatus.MANUAL_REVIEW,
+        event_type="manual_review_required",
+        actor=actor,
+        now=rt.clock.now(),
+        metadata={"reason": reason},
+        changes={**_CLEAR_LEASE, "next_action_at": None},
+    )
+
+
+def _reconcile_idempotent(
+    rt: Runtime, record: EffectRecord, contract: EffectContract, *, worker: str
+) -> EffectRecord:
+    if not within_key_retention(rt, record):
+        return _manual_review(
+            rt, record, actor=worker, reason="downstream key retention expired"
+        )
+    if record.attempt_count > contract.retry_limit:
+        return _manual_review(
+            rt, record, actor=worker, reason="retry limit reached with outcome unknown"
+        )
+    # The same key on the wire again: the target deduplicates, so at most one effect.
+    return send_attempt(rt, record, contract, rt.adapter_for(contract), worker=worker)
+
+
+def _reconcile_by_probe(
+    rt: Runtime, record: EffectRecord, contract: EffectContract, *, worker: str
+) -> EffectRecord:
+    adapter = rt.adapter_for(contract)
+    probe = adapter.probe(
+        ProbeRequest(
+            effect=record, arguments=load_arguments(rt, record), contract=contract
+        )
+    )
+    now = rt.clock.now()
+    settled = record.settlement_deadline is None or now >= record.settlement_deadline
+    evidence = _evidence(probe)
+    if probe.status is ProbeStatus.COMMITTED:
+        return outcomes.record_success(
+            rt,
+            record,
+            contract,
+            DispatchResult(
+                external_id=probe.external_id, output=dict(probe.output or {})
+            ),
+            actor=worker,
+            attempt_id=None,
+            event_type="reconciled_committed",
+            evidence=evidence,
+        )
+    if probe.status is ProbeStatus.NOT_COMMITTED and settled:
+        return _requeue_not_committed(
+            rt, record, contract, actor=worker, evidence=evidence
+        )
+    # Inconclusive: NOT_COMMITTED before the bound, or UNKNOWN.
+    if (
+        settled
+        and now >= (record.settlement_deadline or now) + rt.timing.reconcile_window
+    ):
+        return _manual_review(
+            rt, record, actor=worker, reason="lookup stayed inconclusive past its bound"
+        )
+    due = max(record.settlement_deadline or now, now + contract.backoff(1))
+    with transaction.atomic():
+        updated = store.transition(
+            record,
+            EffectStatus.OUTCOME_UNKNOWN,
+            event_type="reconcile_inconclusive",
+            actor=worker,
+            now=now,
+            metadata={"probe": probe.status.value, "settled": settled, **evidence},
+            changes={**_CLEAR_LEASE, "next_action_at": due},
+        )
+        rt.scheduler.reconcile(record.effect_id, at=due)
+    return updated
+
+
+def _requeue_not_committed(
+    rt: Runtime,
+    record: EffectRecord,
+    contract: EffectContract,
+    *,
+    actor: str,
+    evidence: dict[str, object],
+) -> EffectRecord:
+    """Rule 5: a conclusive NOT_COMMITTED is the only way back to a resend."""
+    now = rt.clock.now()
+    with transaction.atomic():
+        if record.attempt_count > contract.retry_limit:
+            return store.transition(
+                record,
+                EffectStatus.FAILED_FINAL,
+                event_type="not_committed_retries_exhausted",
+                actor=actor,
+                now=now,
+                metadata=evidence,
+                changes={**_CLEAR_LEASE, "next_action_at": None},
+            )
+        updated = store.transition(
+            record,
+            EffectStatus.PREPARED,
+            event_type="reconciled_not_committed",
+            actor=actor,
+            now=now,
+            metadata=evidence,
+            changes={**_CLEAR_LEASE, "next_action_at": now},
+        )
+        rt.scheduler.dispatch(record.effect_id)
+    return updated
+
+
+def _evidence(probe: ProbeResult) -> dict[str, object]:
+    doc: dict[str, object] = {"probe": probe.status.value}
+    if probe.external_id:
+        doc["external_id"] = probe.external_id
+    for key, value in (probe.evidence or {}).items():
+        if isinstance(value, str | int | bool | float) or value is None:
+            doc[f"evidence_{key}"] = value
+    return doc

@@ -1,0 +1,147 @@
+"""Process-wide collaborators of the services: contracts, keys and the clock.
+
+They are built once from settings. Tests swap them with ``override()`` rather than
+monkeypatching module internals.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Protocol
+
+from django.conf import settings
+
+from effect_broker.domain.clock import Clock, SystemClock
+from effect_broker.domain.contracts import (
+    ContractRegistry,
+    EffectContract,
+    load_contracts,
+)
+from effect_broker.domain.errors import ConfigurationError
+from effect_broker.domain.keys import derive_tenant_hmac_key
+from effect_broker.domain.payload_crypto import Keyring
+
+if TYPE_CHECKING:
+    from effect_broker.adapters.base import EffectAdapter
+
+
+class Scheduler(Protocol):
+    """Where the services ask for future work; the real one defers procrastinate jobs
+    on the caller's database connection, so a deferral commits with the ledger write."""
+
+    def dispatch(self, effect_id: str, *, at: datetime | None = None) -> None:
+        """Ask for ``dispatch_effect(effect_id)`` to run (at ``at``, or now)."""
+        ...
+
+    def reconcile(self, effect_id: str, *, at: datetime | None = None) -> None:
+        """Ask for ``reconcile_effect(effect_id)`` to run (at ``at``, or now)."""
+        ...
+
+
+@dataclass(frozen=True)
+class EngineTiming:
+    """Lease and recovery timing (see README "Worker death")."""
+
+    #: How long a claim on an effect is valid without a heartbeat.
+    lease: timedelta = timedelta(seconds=30)
+    #: How often a dispatching worker extends its lease during long I/O (0: never).
+    heartbeat: timedelta = timedelta(seconds=10)
+    #: Stop redispatching an idempotent effect this long before its key expires.
+    retention_margin: timedelta = timedelta(seconds=60)
+    #: How long past its settlement deadline an inconclusive probe keeps retrying.
+    reconcile_window: timedelta = timedelta(hours=1)
+    #: Due work older than this with no job is re-deferred by the sweeper.
+    redefer_grace: timedelta = timedelta(seconds=10)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The services' view of configuration."""
+
+    registry: ContractRegistry
+    master_key: bytes
+    keyring: Keyring
+    clock: Clock
+    scheduler: Scheduler
+    adapter_for: Callable[[EffectContract], EffectAdapter]
+    timing: EngineTiming
+
+    def tenant_hmac_key(self, hmac_key_id: str) -> bytes:
+        """Derive a tenant's downstream-key HMAC key from the master key."""
+        return derive_tenant_hmac_key(self.master_key, hmac_key_id)
+
+
+_lock = threading.Lock()
+_current: Runtime | None = None
+
+
+def _build() -> Runtime:
+    master = settings.EFFECT_BROKER_MASTER_KEY
+    if master is None:
+        raise ConfigurationError("no master key configured (EFFECT_BROKER_MASTER_KEY)")
+    from effect_broker.adapters.registry import build_adapter
+    from effect_broker.scheduling import ProcrastinateScheduler
+
+    timing = settings.EFFECT_BROKER_TIMING
+    return Runtime(
+        registry=load_contracts(settings.EFFECT_BROKER_CONTRACTS),
+        master_key=master,
+        keyring=Keyring.from_master_key(master),
+        clock=SystemClock(),
+        scheduler=ProcrastinateScheduler(),
+        adapter_for=build_adapter,
+        timing=EngineTiming(
+            lease=timedelta(seconds=timing["lease_seconds"]),
+            heartbeat=timedelta(seconds=timing["heartbeat_seconds"]),
+            retention_margin=timedelta(seconds=timing["retention_margin_seconds"]),
+            reconcile_window=timedelta(seconds=timing["reconcile_window_seconds"]),
+            redefer_grace=timedelta(seconds=timing["redefer_grace_seconds"]),
+        ),
+    )
+
+
+def get_runtime() -> Runtime:
+    """Return the process runtime, loading contracts and keys on first use."""
+    global _current
+    if _current is None:
+        with _lock:
+            if _current is None:
+                _current = _build()
+    return _current
+
+
+@contextmanager
+def override(
+    *,
+    registry: ContractRegistry | None = None,
+    clock: Clock | None = None,
+    scheduler: Scheduler | None = None,
+    adapter_for: Callable[[EffectContract], EffectAdapter] | None = None,
+    timing: EngineTiming | None = None,
+) -> Iterator[Runtime]:
+    """Temporarily replace collaborators (tests, simulations); restores them after."""
+    global _current
+    previous = get_runtime()
+    changes = {
+        "registry": registry,
+        "clock": clock,
+        "scheduler": scheduler,
+        "adapter_for": adapter_for,
+        "timing": timing,
+    }
+    changed = replace(previous, **{k: v for k, v in changes.items() if v is not None})
+    _current = changed
+    try:
+        yield changed
+    finally:
+        _current = previous
+
+
+def reset() -> None:
+    """Forget the cached runtime (after settings change in tests)."""
+    global _current
+    _current = None

@@ -1,0 +1,93 @@
+"""The sweeper: worker death is expected, so recovery is a routine, periodic job.
+
+Spec "Durability and consistency mechanics": a stale DISPATCHING lease is converted to
+OUTCOME_UNKNOWN - it is never assumed that the old worker did nothing. Due retries and
+reconciliations whose job was lost are deferred again (queueing locks drop duplicates).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from effect_broker import store
+from effect_broker.domain.errors import StaleWriteError
+from effect_broker.domain.states import EffectStatus, SafetyClass
+from effect_broker.services import outcomes
+from effect_broker.services.dispatch import note_stale_write
+from effect_broker.services.runtime import Runtime, get_runtime
+from effect_broker.store.reads import due_effects, expired_leases
+
+logger = logging.getLogger(__name__)
+
+_ALL = [s.value for s in SafetyClass]
+_AUTOMATIC = [s.value for s in SafetyClass if s is not SafetyClass.UNSAFE]
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """What one sweep did."""
+
+    leases_expired: int
+    redeferred_dispatch: int
+    redeferred_reconcile: int
+    stale_writes: int
+
+
+def sweep(*, actor: str = "sweeper", runtime: Runtime | None = None) -> SweepReport:
+    """Convert expired leases to unknown outcomes and re-defer due work."""
+    rt = runtime or get_runtime()
+    now = rt.clock.now()
+    expired = stale = 0
+    for record in expired_leases(
+        [EffectStatus.DISPATCHING, EffectStatus.RECONCILING], now=now
+    ):
+        try:
+            if record.status is EffectStatus.DISPATCHING:
+                outcomes.record_unknown(
+                    rt,
+                    record,
+                    actor=actor,
+                    attempt_id=None,
+                    reason=f"dispatch lease of {record.lease_owner} expired",
+                    event_type="lease_expired",
+                )
+            else:
+                # An interrupted reconciliation learned nothing: the outcome is still
+                # unknown, and it is reconciled again.
+                with transaction.atomic():
+                    store.transition(
+                        record,
+                        EffectStatus.OUTCOME_UNKNOWN,
+                        event_type="reconcile_lease_expired",
+                        actor=actor,
+                        now=now,
+                        changes={
+                            "lease_owner": None,
+                            "lease_expires_at": None,
+                            "next_action_at": now,
+                        },
+                    )
+                    rt.scheduler.reconcile(record.effect_id)
+            expired += 1
+        except StaleWriteError as exc:  # the worker finished after all, just in time
+            note_stale_write(rt, exc, actor=actor)
+            stale += 1
+    due_before = now - rt.timing.redefer_grace
+    dispatch_due = 0
+    for status in (EffectStatus.PREPARED, EffectStatus.RETRYABLE):
+        for record in due_effects(status, due_before=due_before, safety=_ALL):
+            rt.scheduler.dispatch(record.effect_id)
+            dispatch_due += 1
+    reconcile_due = 0
+    for record in due_effects(
+        EffectStatus.OUTCOME_UNKNOWN, due_before=due_before, safety=_AUTOMATIC
+    ):
+        rt.scheduler.reconcile(record.effect_id)
+        reconcile_due += 1
+    report = SweepReport(expired, dispatch_due, reconcile_due, stale)
+    if expired or stale:
+        logger.warning("sweep", extra={"action": "sweep", **report.__dict__})
+    return report

@@ -1,0 +1,180 @@
+"""Ledger reads. Anything a caller can reach is scoped by tenant in the SQL itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connection
+
+from effect_broker.domain.errors import EffectNotFoundError
+from effect_broker.domain.event_chain import EventFacts, verify_chain
+from effect_broker.domain.records import EffectRecord
+from effect_broker.domain.states import EffectStatus
+from effect_broker.store import sql
+from effect_broker.store.rows import json_value, record_from_row
+
+MAX_PAGE = 500
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One event row with its stored chain digests."""
+
+    facts: EventFacts
+    prev_digest: bytes
+    digest: bytes
+
+
+def get_effect(tenant_id: str, effect_id: str) -> EffectRecord:
+    """Return one effect of this tenant; another tenant's id is simply not found."""
+    with connection.cursor() as cur:
+        cur.execute(sql.SELECT_INTENT_BY_ID_SCOPED, [effect_id, tenant_id])
+        row = cur.fetchone()
+    if row is None:
+        raise EffectNotFoundError(f"no effect {effect_id} for this tenant")
+    return record_from_row(row)
+
+
+def get_effect_by_key(tenant_id: str, operation_key: str) -> EffectRecord:
+    """Return this tenant's effect for an operation key."""
+    with connection.cursor() as cur:
+        cur.execute(sql.SELECT_INTENT_BY_KEY, [tenant_id, operation_key])
+        row = cur.fetchone()
+    if row is None:
+        raise EffectNotFoundError(f"no effect for operation key {operation_key!r}")
+    return record_from_row(row)
+
+
+def load_effect_for_worker(effect_id: str) -> EffectRecord:
+    """Unscoped read for workers, which act on ids from the job queue, not callers."""
+    with connection.cursor() as cur:
+        cur.execute(sql.SELECT_INTENT_BY_ID, [effect_id])
+        row = cur.fetchone()
+    if row is None:
+        raise EffectNotFoundError(f"no effect {effect_id}")
+    return record_from_row(row)
+
+
+def load_arguments(effect_id: str) -> tuple[bytes, str, str, str]:
+    """Return (ciphertext, key id, tenant id, operation key) for decryption."""
+    with connection.cursor() as cur:
+        cur.execute(sql.SELECT_ARGUMENTS, [effect_id])
+        row = cur.fetchone()
+    if row is None:
+        raise EffectNotFoundError(f"no effect {effect_id}")
+    return bytes(row[0]), row[1], str(row[2]), row[3]
+
+
+def list_effects(
+    tenant_id: str,
+    *,
+    status: EffectStatus | None = None,
+    tool: str | None = None,
+    operation_prefix: str | None = None,
+    created_before: datetime | None = None,
+    limit: int = 50,
+) -> list[EffectRecord]:
+    """List this tenant's effects, newest first, with optional filters."""
+    clauses = ["tenant_id = %s"]
+    params: list[object] = [tenant_id]
+    if status is not None:
+        clauses.append("status = %s")
+        params.append(status.value)
+    if tool is not None:
+        clauses.append("tool = %s")
+        params.append(tool)
+    if operation_prefix:
+        # starts_with() avoids LIKE wildcards in caller-supplied prefixes.
+        clauses.append("starts_with(operation_key, %s)")
+        params.append(operation_prefix)
+    if created_before is not None:
+        clauses.append("created_at < %s")
+        params.append(created_before)
+    params.append(max(1, min(limit, MAX_PAGE)))
+    query = (
+        sql.SELECT_INTENT
+        + " WHERE "
+        + " AND ".join(clauses)
+        + " ORDER BY created_at DESC, id DESC LIMIT %s"
+    )
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        return [record_from_row(r) for r in cur.fetchall()]
+
+
+def load_events(effect_id: str) -> list[StoredEvent]:
+    """Return an effect's events in sequence order, with their digests."""
+    with connection.cursor() as cur:
+        cur.execute(sql.SELECT_EVENTS, [effect_id])
+        rows = cur.fetchall()
+    return [
+        StoredEvent(
+            facts=EventFacts(
+                effect_id=effect_id,
+                sequence=seq,
+                event_type=event_type,
+                old_status=old,
+                new_status=new,
+                version=int(version),
+                actor=actor,
+                occurred_at=occurred_at,
+                metadata=json_value(metadata),
+            ),
+            prev_digest=bytes(prev),
+            digest=bytes(digest),
+        )
+        for (
+            seq,
+            event_type,
+            old,
+            new,
+            version,
+            actor,
+            occurred_at,
+            metadata,
+            prev,
+            digest,
+        ) in rows
+    ]
+
+
+def verify_event_chain(effect_id: str) -> int:
+    """Verify an effect's digest chain; return its length or raise the first break.
+
+    Every version bump appends exactly one event, so the intent's version is the
+    sequence of its last event: that also catches deletion of the newest events.
+    """
+    with connection.cursor() as cur:
+        cur.execute(sql.SELECT_VERSION, [effect_id])
+        row = cur.fetchone()
+    if row is None:
+        raise EffectNotFoundError(f"no effect {effect_id}")
+    events = load_events(effect_id)
+    verify_chain(
+        [(e.facts, e.prev_digest, e.digest) for e in events],
+        expected_last_sequence=int(row[0]),
+    )
+    return len(events)
+
+
+def expired_leases(
+    statuses: list[EffectStatus], *, now: datetime, limit: int = 100
+) -> list[EffectRecord]:
+    """Effects whose dispatch or reconcile lease ran out (worker presumed dead)."""
+    with connection.cursor() as cur:
+        cur.execute(sql.SELECT_EXPIRED_LEASES, [[s.value for s in statuses], now, limit])
+        return [record_from_row(r) for r in cur.fetchall()]
+
+
+def due_effects(
+    status: EffectStatus,
+    *,
+    due_before: datetime,
+    safety: list[str],
+    limit: int = 100,
+) -> list[EffectRecord]:
+    """Effects in ``status`` whose next action was due before ``due_before``."""
+    with connection.cursor() as cur:
+        cur.execute(sql.SELECT_DUE, [status.value, due_before, safety, limit])
+        return [record_from_row(r) for r in cur.fetchall()]

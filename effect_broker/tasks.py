@@ -1,0 +1,82 @@
+"""procrastinate jobs: thin glue that calls one service each.
+
+Every job is safe to run twice: it re-reads the ledger and acts only if the effect is
+still in a state that asks for that work. Effect jobs share ``lock="effect:<id>"`` so
+dispatch and reconciliation of one effect never run at the same time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from asgiref.sync import async_to_sync
+from django.conf import settings
+from procrastinate import JobContext, utils
+from procrastinate.contrib.django import app
+
+from effect_broker.services import dispatch, reconcile, sweeper
+
+logger = logging.getLogger(__name__)
+
+_SWEEP_SECONDS = max(1, int(settings.EFFECT_BROKER_TIMING["sweep_seconds"]))
+
+
+def _actor(context: JobContext) -> str:
+    job_id = context.job.id if context.job else "?"
+    return f"{context.worker_name or 'worker'}:{os.getpid()}:job{job_id}"
+
+
+@app.task(queue="dispatch", name="effect_broker.dispatch_effect", pass_context=True)
+def dispatch_effect(context: JobContext, effect_id: str) -> None:
+    """Dispatch one effect (no-op unless it is prepared or due for retry)."""
+    dispatch.dispatch(effect_id, worker=_actor(context))
+
+
+@app.task(queue="reconcile", name="effect_broker.reconcile_effect", pass_context=True)
+def reconcile_effect(context: JobContext, effect_id: str) -> None:
+    """Reconcile one effect whose outcome is unknown (no-op for unsafe effects)."""
+    reconcile.reconcile(effect_id, worker=_actor(context))
+
+
+# Only a queueing lock: a `lock` on the sweeper can stall it (procrastinate #1408).
+@app.periodic(cron=f"* * * * * */{_SWEEP_SECONDS}", periodic_id="sweep")
+@app.task(
+    queue="maintenance",
+    name="effect_broker.sweep",
+    queueing_lock="effect_broker.sweep",
+    pass_context=True,
+)
+def sweep(context: JobContext, timestamp: int) -> None:
+    """Recover from worker death: stalled jobs, expired leases, due work."""
+    retry_stalled_jobs()
+    sweeper.sweep(actor=_actor(context))
+
+
+def retry_stalled_jobs() -> int:
+    """Put jobs whose worker stopped heartbeating back to ``todo``.
+
+    A SIGKILLed job stays ``doing`` and keeps its ``effect:<id>`` lock, which blocks
+    every later job of that effect; nothing in procrastinate recovers it. Our jobs are
+    idempotent, so retrying is safe: the job re-reads the ledger and finds the effect
+    already converted to outcome_unknown by the lease sweep.
+    """
+    seconds = settings.EFFECT_BROKER_TIMING["stalled_job_seconds"]
+    stalled = async_to_sync(app.job_manager.get_stalled_jobs)(
+        seconds_since_heartbeat=seconds
+    )
+    count = 0
+    for job in stalled:
+        if job.task_name == "effect_broker.sweep" or job.id is None:
+            continue
+        app.job_manager.retry_job_by_id(job.id, retry_at=utils.utcnow())
+        count += 1
+        logger.warning(
+            "retried stalled job",
+            extra={
+                "action": "retry_stalled_job",
+                "job_id": job.id,
+                "task": job.task_name,
+            },
+        )
+    return count
