@@ -47,6 +47,11 @@ def build_adapter(contract: EffectContract) -> EffectAdapter:
 
 
 def reset_adapters() -> None:
-    """Forget built adapters (tests)."""
+    """Close and forget built adapters (tests)."""
     with _lock:
+        adapters = list(_cache.values())
         _cache.clear()
+    for adapter in adapters:
+        close = getattr(adapter, "close", None)
+        if callable(close):
+            close()

@@ -1,0 +1,430 @@
+"""Generic HTTP adapter: one request per dispatch, classified by what it proves.
+
+Spec "Key interfaces and contracts": the adapter owns target truth and never retries.
+The client therefore has no hidden retry layer (``retries=0``, no redirects, no
+environment proxies), and every failure is sorted by the one question that matters
+(spec "State machine", rules 2-3): could the target have committed?
+
+Classification (each row is tested with real sockets in tests/contract):
+
+* ``ConnectError``, ``ConnectTimeout``, ``PoolTimeout`` -> ``RetryableAdapterError``:
+  raised while opening the connection, so no byte of the request left this process.
+* ``WriteError``, ``WriteTimeout`` -> ``OutcomeUnknownError``: part of the request
+  may have reached the target.
+* ``ReadTimeout``, ``ReadError``, ``RemoteProtocolError`` (reset or close after the
+  send) -> ``OutcomeUnknownError``.
+* 2xx with a JSON object -> ``DispatchResult``; 2xx with anything else ->
+  ``OutcomeUnknownError`` (committed, but we cannot read what).
+* ``retryable_statuses`` (default 429, 503: what the target documents as "not
+  committed") -> ``RetryableAdapterError``.
+* ``terminal_statuses`` (default every other 4xx) -> ``TerminalAdapterError``.
+* 5xx, 3xx (redirects are never followed) and anything else -> ``OutcomeUnknownError``.
+* A URL template field that is missing, or a URL httpx refuses -> ``TerminalAdapterError``
+  (nothing was sent, and no retry can fix the configuration).
+
+Options (``[contract.adapter_options]``)::
+
+    url = "http://127.0.0.1:8081/idempotent/charges"  # may use {effect_id},
+              # {operation_key_digest}, {downstream_key} and top-level argument names
+    method = "POST"
+    idempotency_header = "Idempotency-Key"   # idempotent targets
+    correlation_header = "X-Correlation-Key" # reconcilable targets
+    probe_url = "http://127.0.0.1:8081/reconcilable/charges?correlation_key={downstream_key}"
+    external_id_field = "id"                 # dotted path into the JSON response
+    status_field = "status"                  # optional dotted path
+    failed_status_values = ["failed"]        # status values meaning a committed failure
+    timeout = "10s"                          # read/write
+    connect_timeout = "2s"
+    retryable_statuses = [429, 503]
+    terminal_statuses = [400, 402, 404, 409, 422]   # default: every other 4xx
+    keep_alive = false
+"""
+
+from __future__ import annotations
+
+import logging
+import string
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from effect_broker.adapters.base import (
+    DispatchRequest,
+    DispatchResult,
+    EffectAdapter,
+    ProbeRequest,
+    ProbeResult,
+)
+from effect_broker.domain.canonical import canonical_json, parse_json_strict
+from effect_broker.domain.contracts import EffectContract, parse_duration
+from effect_broker.domain.errors import (
+    ConfigurationError,
+    InvalidJsonError,
+    OutcomeUnknownError,
+    RetryableAdapterError,
+    TerminalAdapterError,
+)
+from effect_broker.domain.keys import operation_key_digest
+from effect_broker.domain.states import ProbeStatus, SafetyClass
+
+logger = logging.getLogger(__name__)
+
+_OPTIONS = frozenset(
+    {
+        "url",
+        "method",
+        "idempotency_header",
+        "correlation_header",
+        "probe_url",
+        "external_id_field",
+        "status_field",
+        "failed_status_values",
+        "timeout",
+        "connect_timeout",
+        "retryable_statuses",
+        "terminal_statuses",
+        "keep_alive",
+    }
+)
+
+
+def _template_fields(template: str, option: str) -> frozenset[str]:
+    """Names a URL template uses; only bare names (no ``a.b``/``a[0]``, no spec)."""
+    names = set()
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ConfigurationError(f"adapter_options.{option}: {exc}") from exc
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        # Attribute and index access would let a template reach into nested
+        # arguments or Python objects; the URL may only name plain values.
+        if not name.isidentifier() or spec or conversion:
+            raise ConfigurationError(
+                f"adapter_options.{option}: field {{{name}}} must be a bare name"
+            )
+        names.add(name)
+    return frozenset(names)
+
+
+def _json_path(document: Mapping[str, Any], path: str) -> object:
+    value: object = document
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _external_id(document: Mapping[str, Any], path: str) -> str | None:
+    value = _json_path(document, path)
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    return str(value)
+
+
+class HttpAdapter(EffectAdapter):
+    """POST canonical JSON once with the downstream key; probe by GET."""
+
+    name = "http"
+
+    def __init__(
+        self, contract: EffectContract, *, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        super().__init__(contract)
+        options = dict(contract.adapter_options)
+        unknown = sorted(set(options) - _OPTIONS)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown http adapter options {unknown}", contract=contract.name
+            )
+        self.url = self._text(options, "url", required=True)
+        self.method = self._text(options, "method", default="POST").upper()
+        self.idempotency_header = self._text(options, "idempotency_header")
+        self.correlation_header = self._text(options, "correlation_header")
+        self.probe_url = self._text(options, "probe_url")
+        self.external_id_field = self._text(options, "external_id_field", default="id")
+        self.status_field = self._text(options, "status_field")
+        self.failed_status_values = frozenset(
+            str(v) for v in self._list(options, "failed_status_values", [])
+        )
+        self.retryable_statuses = frozenset(
+            self._statuses(options, "retryable_statuses", [429, 503])
+        )
+        explicit_terminal = "terminal_statuses" in options
+        self.terminal_statuses = frozenset(
+            self._statuses(options, "terminal_statuses", [])
+            if explicit_terminal
+            else (s for s in range(400, 500) if s not in self.retryable_statuses)
+        )
+        self._url_fields = _template_fields(self.url, "url")
+        self._probe_fields = (
+            _template_fields(self.probe_url, "probe_url") if self.probe_url else None
+        )
+        self._check_safety_class()
+        try:
+            timeout = parse_duration(options.get("timeout", "10s")).total_seconds()
+            connect = parse_duration(options.get("connect_timeout", "2s")).total_seconds()
+        except ValueError as exc:
+            raise ConfigurationError(f"http adapter timeout: {exc}") from exc
+        keep_alive = options.get("keep_alive", False)
+        if not isinstance(keep_alive, bool):
+            raise ConfigurationError("adapter_options.keep_alive must be true or false")
+        # No keep-alive by default: a pooled connection the server already closed
+        # turns a request it never read into an ambiguous failure (the stale
+        # keep-alive race), which for an unsafe target means manual review.
+        limits = httpx.Limits(max_keepalive_connections=10 if keep_alive else 0)
+        self._client = httpx.Client(
+            # retries=0: httpx's only retry is on connect, but "no hidden retry
+            # layers" (spec MVP scope) is a rule, not a default we rely on.
+            transport=transport or httpx.HTTPTransport(retries=0, limits=limits),
+            timeout=httpx.Timeout(timeout, connect=connect, pool=connect),
+            follow_redirects=False,
+            # An environment proxy would answer for the target (a 502 for what was a
+            # refused connection) and silently change every classification below.
+            trust_env=False,
+            headers={"User-Agent": "effect-broker", "Accept": "application/json"},
+        )
+
+    def _text(
+        self,
+        options: Mapping[str, object],
+        key: str,
+        *,
+        required: bool = False,
+        default: str | None = None,
+    ) -> Any:
+        value = options.get(key, default)
+        if value is None and not required:
+            return None
+        if not isinstance(value, str) or not value:
+            raise ConfigurationError(
+                f"adapter_options.{key} must be a non-empty string",
+                contract=self.contract.name,
+            )
+        return value
+
+    def _list(self, options: Mapping[str, object], key: str, default: list[Any]) -> Any:
+        value = options.get(key, default)
+        if not isinstance(value, list | tuple):
+            raise ConfigurationError(f"adapter_options.{key} must be a list")
+        return list(value)
+
+    def _statuses(
+        self, options: Mapping[str, object], key: str, default: list[int]
+    ) -> list[int]:
+        values = self._list(options, key, default)
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigurationError(f"adapter_options.{key} must list integers")
+            if not 400 <= value <= 599:
+                # 2xx is success and 3xx is never followed: neither can be declared.
+                raise ConfigurationError(f"adapter_options.{key}: {value} is not 4xx/5xx")
+        return values
+
+    def _check_safety_class(self) -> None:
+        # A contract must not claim a guarantee this configuration cannot deliver
+        # (guarantee vocabulary): refuse it at load time, not at the first incident.
+        safety = self.contract.safety
+        if safety is SafetyClass.TRANSACTIONAL:
+            raise ConfigurationError(
+                "an HTTP target cannot share the broker's transaction",
+                contract=self.contract.name,
+            )
+        if safety is SafetyClass.IDEMPOTENT and not self.idempotency_header:
+            raise ConfigurationError(
+                "safety idempotent needs adapter_options.idempotency_header",
+                contract=self.contract.name,
+            )
+        if safety is SafetyClass.RECONCILABLE and not (
+            self.probe_url and (self.correlation_header or self.idempotency_header)
+        ):
+            raise ConfigurationError(
+                "safety reconcilable needs probe_url and a correlation_header",
+                contract=self.contract.name,
+            )
+
+    def close(self) -> None:
+        """Close the HTTP client and its connections."""
+        self._client.close()
+
+    def __enter__(self) -> HttpAdapter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _render(
+        self,
+        template: str,
+        fields: frozenset[str],
+        request: DispatchRequest | ProbeRequest,
+    ) -> str:
+        effect = request.effect
+        values: dict[str, str] = {}
+        for name in fields:
+            if name == "effect_id":
+                value: object = effect.effect_id
+            elif name == "operation_key_digest":
+                value = operation_key_digest(effect.tenant_id, effect.operation_key)
+            elif name == "downstream_key":
+                value = request.downstream_key
+            elif name in request.arguments:
+                value = request.arguments[name]
+            else:
+                value = None
+            if isinstance(value, bool) or not isinstance(value, str | int):
+                # Raised before any byte is sent, and no retry can fix the template.
+                raise TerminalAdapterError(
+                    f"URL field {{{name}}} is missing or not a string/integer",
+                    adapter=self.name,
+                    reason="bad_url_field",
+                )
+            values[name] = quote(str(value), safe="")
+        return template.format_map(values)
+
+    def _send(self, request: DispatchRequest) -> DispatchResult:
+        """One request; classify the outcome by what it proves (module table)."""
+        url = self._render(self.url, self._url_fields, request)
+        headers = {"Content-Type": "application/json"}
+        if self.idempotency_header:
+            headers[self.idempotency_header] = request.downstream_key
+        if self.correlation_header:
+            headers[self.correlation_header] = request.downstream_key
+        body = canonical_json(dict(request.arguments))
+        try:
+            response = self._client.request(
+                self.method, url, content=body, headers=headers
+            )
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            # Raised while opening the connection (httpcore maps the socket's
+            # OSError/timeout in connect_tcp to these): the request was never written.
+            self._log(request, "connect_failed", None)
+            raise RetryableAdapterError(
+                f"{type(exc).__name__}: the connection was never established",
+                adapter=self.name,
+                reason="connect_failed",
+            ) from exc
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            raise TerminalAdapterError(
+                "the configured URL cannot be requested",
+                adapter=self.name,
+                reason="bad_url",
+            ) from exc
+        except httpx.HTTPError as exc:
+            # WriteError/WriteTimeout, ReadError/ReadTimeout, RemoteProtocolError:
+            # bytes may have reached the target (spec rule 3).
+            self._log(request, "no_answer", None)
+            raise OutcomeUnknownError(
+                f"{type(exc).__name__} after the request began; the outcome is unknown",
+                adapter=self.name,
+                reason=type(exc).__name__,
+            ) from exc
+        return self._classify(request, response)
+
+    def _classify(
+        self, request: DispatchRequest, response: httpx.Response
+    ) -> DispatchResult:
+        status = response.status_code
+        self._log(request, "answered", status)
+        if 200 <= status <= 299:
+            document = self._json_object(response)
+            if document is None:
+                raise OutcomeUnknownError(
+                    f"HTTP {status} without a JSON object; cannot read the outcome",
+                    adapter=self.name,
+                    http_status=status,
+                )
+            external_id = _external_id(document, self.external_id_field)
+            if self.status_field:
+                value = _json_path(document, self.status_field)
+                if value is None:
+                    raise OutcomeUnknownError(
+                        f"HTTP {status} without the status field",
+                        adapter=self.name,
+                        http_status=status,
+                    )
+                if str(value) in self.failed_status_values:
+                    raise TerminalAdapterError(
+                        "the target recorded the effect as failed",
+                        adapter=self.name,
+                        http_status=status,
+                        external_id=external_id,
+                    )
+            return DispatchResult(external_id=external_id, output=document)
+        if status in self.retryable_statuses:
+            raise RetryableAdapterError(
+                f"HTTP {status}: the target documents this as not committed",
+                adapter=self.name,
+                http_status=status,
+            )
+        if status in self.terminal_statuses:
+            raise TerminalAdapterError(
+                f"HTTP {status}: the target refused the request",
+                adapter=self.name,
+                http_status=status,
+            )
+        # 5xx may fail after the commit; 3xx and others are not an answer we read.
+        raise OutcomeUnknownError(
+            f"HTTP {status}: the outcome is unknown",
+            adapter=self.name,
+            http_status=status,
+        )
+
+    @staticmethod
+    def _json_object(response: httpx.Response) -> Mapping[str, Any] | None:
+        try:
+            document = parse_json_strict(response.content)
+        except InvalidJsonError:
+            return None
+        return document if isinstance(document, dict) else None
+
+    def _lookup(self, request: ProbeRequest) -> ProbeResult:
+        """GET probe_url: 200 object -> COMMITTED, 404 -> NOT_COMMITTED, else UNKNOWN."""
+        if not self.probe_url or self._probe_fields is None:
+            return ProbeResult(
+                status=ProbeStatus.UNKNOWN, evidence={"reason": "no lookup"}
+            )
+        url = self._render(self.probe_url, self._probe_fields, request)
+        checked_at = datetime.now(UTC)
+        response = self._client.get(url)  # transport errors -> UNKNOWN (base class)
+        evidence: dict[str, object] = {
+            "checked_at": checked_at.isoformat(),
+            "http_status": response.status_code,
+        }
+        if response.status_code == 404:
+            # Absence as of checked_at; the broker decides whether it is conclusive
+            # by comparing with the settlement deadline (spec rule 5). A wrong
+            # probe_url would also 404, which is why the conformance suite demands a
+            # COMMITTED probe for a settled commit before this adapter is trusted.
+            return ProbeResult(status=ProbeStatus.NOT_COMMITTED, evidence=evidence)
+        document = self._json_object(response) if response.status_code == 200 else None
+        if document is None:
+            return ProbeResult(status=ProbeStatus.UNKNOWN, evidence=evidence)
+        return ProbeResult(
+            status=ProbeStatus.COMMITTED,
+            external_id=_external_id(document, self.external_id_field),
+            output=document,
+            evidence=evidence,
+        )
+
+    def _log(self, request: DispatchRequest, outcome: str, status: int | None) -> None:
+        # Never the URL, body or key: the URL may carry argument values (STYLE rule 8).
+        logger.info(
+            "http dispatch %s",
+            outcome,
+            extra={
+                "action": "http_dispatch",
+                "effect_id": request.effect.effect_id,
+                "attempt_id": request.attempt_id,
+                "outcome": outcome,
+                "http_status": status,
+            },
+        )
+
+
+__all__ = ["HttpAdapter"]

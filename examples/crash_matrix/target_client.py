@@ -1,0 +1,220 @@
+"""Start, drive and inspect the target service process (tests and the crash matrix).
+
+``start_target`` runs ``python -m examples.crash_matrix.target_service`` as a child
+process and waits for its port file, so nothing races the bind. ``count_charges`` reads
+the target's table with direct SQL: the target's own truth, independent of anything the
+service (or the broker) says about it. ``ServiceHarness`` adapts a running service to
+``effect_broker.adapters.conformance.TargetHarness``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import psycopg
+from psycopg import sql
+
+from effect_broker.domain.contracts import parse_duration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class TargetProcess:
+    """A running target service: its URL, its process and its database schema."""
+
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        url: str,
+        *,
+        database_url: str,
+        schema: str,
+        settlement_delay: timedelta,
+        key_retention: timedelta,
+        workdir: tempfile.TemporaryDirectory[str],
+    ) -> None:
+        self.process = process
+        self.url = url
+        self.database_url = database_url
+        self.schema = schema
+        self.settlement_delay = settlement_delay
+        self.key_retention = key_retention
+        self._workdir = workdir
+
+    def _request(self, method: str, path: str, body: object = None) -> Any:
+        # trust_env=False: an environment proxy must not sit between us and loopback.
+        with httpx.Client(base_url=self.url, trust_env=False, timeout=10.0) as client:
+            response = client.request(method, path, json=body)
+        response.raise_for_status()
+        return response.json()
+
+    def stats(self) -> dict[str, Any]:
+        """``GET /stats``: charge counts and the number of create requests received."""
+        result: dict[str, Any] = self._request("GET", "/stats")
+        return result
+
+    def reset(self) -> None:
+        """``POST /admin/reset``: empty the charges table, counters and faults."""
+        self._request("POST", "/admin/reset", {})
+
+    def inject(self, fault: str, times: int = 1, *, seconds: float | None = None) -> None:
+        """``POST /admin/faults``: queue ``fault`` for the next ``times`` requests."""
+        body: dict[str, object] = {"fault": fault, "times": times}
+        if seconds is not None:
+            body["seconds"] = seconds
+        self._request("POST", "/admin/faults", body)
+
+    def count_charges(self, mode: str | None = None, key: str | None = None) -> int:
+        """Rows in the target's table (by mode and/or idempotency/correlation key)."""
+        query = sql.SQL(
+            "SELECT count(*) FROM {}.charges WHERE (%(mode)s::text IS NULL OR "
+            "mode = %(mode)s) AND (%(key)s::text IS NULL OR idempotency_key = %(key)s "
+            "OR correlation_key = %(key)s)"
+        ).format(sql.Identifier(self.schema))
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            row = conn.execute(query, {"mode": mode, "key": key}).fetchone()
+        return int(row[0]) if row else 0
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM and wait; SIGKILL if it does not exit in ``timeout`` seconds."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._workdir.cleanup()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the service (a crash, not a shutdown) and reap it."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self._workdir.cleanup()
+
+    def harness(self) -> ServiceHarness:
+        """This service as a conformance ``TargetHarness``."""
+        return ServiceHarness(self)
+
+    def __enter__(self) -> TargetProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def start_target(
+    database_url: str,
+    *,
+    settlement_delay: str = "1s",
+    key_retention: str = "24h",
+    schema: str = "crash_target",
+    host: str = "127.0.0.1",
+    port: int = 0,
+    verbose: bool = False,
+    startup_timeout: float = 30.0,
+) -> TargetProcess:
+    """Start the target service and return once it is listening."""
+    workdir = tempfile.TemporaryDirectory(prefix="eb-target-")
+    port_file = Path(workdir.name) / "port"
+    command = [
+        sys.executable,
+        "-m",
+        "examples.crash_matrix.target_service",
+        "--database-url",
+        database_url,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--schema",
+        schema,
+        "--settlement-delay",
+        settlement_delay,
+        "--key-retention",
+        key_retention,
+        "--port-file",
+        str(port_file),
+    ]
+    if verbose:
+        command.append("--verbose")
+    # cwd=ROOT puts the repository on the child's sys.path (``python -m``).
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + startup_timeout
+    while not port_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+            workdir.cleanup()
+            raise RuntimeError(
+                f"target service did not start (exit code {process.returncode})"
+            )
+        time.sleep(0.02)
+    bound = int(port_file.read_text(encoding="ascii"))
+    return TargetProcess(
+        process,
+        f"http://{host}:{bound}",
+        database_url=database_url,
+        schema=schema,
+        settlement_delay=parse_duration(settlement_delay),
+        key_retention=parse_duration(key_retention),
+        workdir=workdir,
+    )
+
+
+class ServiceHarness:
+    """``TargetHarness`` for a running target service (real time, real sockets)."""
+
+    def __init__(self, target: TargetProcess) -> None:
+        self.target = target
+
+    def effect_count(self, key: str | None) -> int:
+        """Rows recorded under ``key`` (idempotency or correlation key; None: all)."""
+        return self.target.count_charges(key=key)
+
+    def request_count(self) -> int:
+        """Create requests that reached the service."""
+        return int(self.target.stats()["requests"])
+
+    def lose_next_response(self) -> None:
+        """Commit the next charge, then close the socket without answering."""
+        self.target.inject("drop_connection_after_commit")
+
+    def reject_next(self) -> None:
+        """Answer the next create with 503 before touching the database."""
+        self.target.inject("reject_next")
+
+    def probe_unavailable_next(self) -> None:
+        """Answer the next lookup with 503."""
+        self.target.inject("fail_next_lookup")
+
+    def reset(self) -> None:
+        """Empty the table and counters."""
+        self.target.reset()
+
+    def settlement_bound(self) -> timedelta | None:
+        """The service's real settlement delay."""
+        return self.target.settlement_delay
+
+    def advance_past_settlement(self) -> None:
+        """Sleep past the settlement delay (the DB clock moves with the wall clock)."""
+        time.sleep(self.target.settlement_delay.total_seconds() + 0.05)
+
+
+__all__ = ["ServiceHarness", "TargetProcess", "start_target"]

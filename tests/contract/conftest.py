@@ -1,0 +1,76 @@
+"""Fixtures for the adapter contract suite: the real target service on loopback.
+
+The target service is a separate process with its own schema in the test database (the
+one pytest-django created), so its truth survives anything the adapter under test does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import psycopg
+import pytest
+
+from examples.crash_matrix.target_client import TargetProcess, start_target
+
+#: Short, so the reconcilable checks stay fast; the contracts below declare more.
+SETTLEMENT_DELAY = "300ms"
+
+
+def database_url(settings: dict[str, Any]) -> str:
+    """A ``postgresql://`` URL for a Django DATABASES entry (unix sockets included)."""
+    user = quote(settings.get("USER") or "", safe="")
+    password = settings.get("PASSWORD") or ""
+    auth = user + (f":{quote(password, safe='')}" if password else "")
+    host, port = settings.get("HOST") or "", str(settings.get("PORT") or "")
+    query: dict[str, str] = {
+        key: str(value)
+        for key, value in (settings.get("OPTIONS") or {}).items()
+        if isinstance(value, str | int)
+    }
+    if host.startswith("/"):
+        # A socket directory cannot sit in the authority part; libpq reads ?host=.
+        netloc = f"{auth}@" if auth else ""
+        query["host"] = host
+        if port:
+            query["port"] = port
+    else:
+        netloc = (f"{auth}@" if auth else "") + host + (f":{port}" if port else "")
+    name = quote(settings["NAME"], safe="")
+    return f"postgresql://{netloc}/{name}" + (f"?{urlencode(query)}" if query else "")
+
+
+@pytest.fixture(scope="session")
+def target_database_url(django_db_setup: None, django_db_blocker: Any) -> str:
+    """URL of the test database (after pytest-django created it)."""
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        connection.ensure_connection()  # starts the embedded server if that is in use
+        url = database_url(connection.settings_dict)
+        connection.close()
+    with psycopg.connect(url, autocommit=True) as conn:  # fail here, not in a child
+        conn.execute("SELECT 1")
+    return url
+
+
+@pytest.fixture(scope="session")
+def target_service(target_database_url: str) -> Iterator[TargetProcess]:
+    """One target service process for the session; tests reset it before use."""
+    target = start_target(
+        target_database_url, settlement_delay=SETTLEMENT_DELAY, schema="contract_target"
+    )
+    try:
+        yield target
+    finally:
+        # Stopped before pytest-django drops the test database it is connected to.
+        target.stop()
+
+
+@pytest.fixture
+def target(target_service: TargetProcess) -> TargetProcess:
+    """The session's target service, reset to an empty table and no faults."""
+    target_service.reset()
+    return target_service

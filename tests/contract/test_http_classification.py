@@ -1,0 +1,466 @@
+"""The HTTP adapter's classification table, proved with real loopback sockets.
+
+Spec "State machine" rules 2-3: only proof of non-commit is RETRYABLE; anything after
+the request may have left is OUTCOME_UNKNOWN. Every case also counts connections and
+requests at the server: one dispatch is exactly one request (no hidden retries)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from effect_broker.adapters.base import DispatchRequest, DispatchResult, ProbeRequest
+from effect_broker.adapters.conformance import make_effect_record
+from effect_broker.adapters.http_adapter import HttpAdapter
+from effect_broker.domain.canonical import canonical_json
+from effect_broker.domain.contracts import EffectContract
+from effect_broker.domain.errors import (
+    ConfigurationError,
+    OutcomeUnknownError,
+    RetryableAdapterError,
+    TerminalAdapterError,
+)
+from effect_broker.domain.records import EffectRecord
+from effect_broker.domain.states import ProbeStatus, SafetyClass
+
+ARGUMENTS = {"order": "42", "amount_minor": 1999, "currency": "EUR"}
+KEY = "dk_" + "A" * 40
+
+Then = Callable[[socket.socket, threading.Event], None]
+
+
+def read_request(conn: socket.socket) -> bytes:
+    """Read one HTTP request: headers, then a Content-Length body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+class ScriptedServer:
+    """A loopback TCP server: per connection, read the request, then run ``then``."""
+
+    def __init__(self, then: Then, *, read: bool = True) -> None:
+        self.then, self.read = then, read
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.05)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            with conn:
+                conn.settimeout(5)
+                if self.read:
+                    self.requests.append(read_request(conn))
+                self.then(conn, self.stop)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+def respond(
+    status: int, body: bytes = b"{}", content_type: str = "application/json"
+) -> Then:
+    def then(conn: socket.socket, _: threading.Event) -> None:
+        conn.sendall(
+            b"HTTP/1.1 %d Scripted\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+            b"Connection: close\r\n\r\n%s"
+            % (status, content_type.encode(), len(body), body)
+        )
+
+    return then
+
+
+def close_quietly(conn: socket.socket, _: threading.Event) -> None:
+    conn.shutdown(socket.SHUT_RDWR)  # FIN after the request was read: no status line
+
+
+def reset(conn: socket.socket, _: threading.Event) -> None:
+    # SO_LINGER 0 makes close() send RST instead of FIN: a connection reset.
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def hang(_: socket.socket, stop: threading.Event) -> None:
+    stop.wait(10)
+
+
+def reset_mid_body(conn: socket.socket, stop: threading.Event) -> None:
+    # Take the headers and part of the body, then reset: the client is mid-write.
+    conn.recv(65536)
+    reset(conn, stop)
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., ScriptedServer]]:
+    servers: list[ScriptedServer] = []
+
+    def start(then: Then, **kwargs: Any) -> ScriptedServer:
+        servers.append(ScriptedServer(then, **kwargs))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def adapter_for(url: str, safety: str = "unsafe", **options: object) -> HttpAdapter:
+    if safety == "idempotent":
+        options.setdefault("idempotency_header", "Idempotency-Key")
+    contract = EffectContract(
+        name="http.test",
+        version="1",
+        tool="charge",
+        safety=SafetyClass(safety),
+        key_retention=timedelta(hours=1) if safety == "idempotent" else None,
+        settlement_bound=timedelta(seconds=1) if safety == "reconcilable" else None,
+        adapter="http",
+        adapter_options={"url": url, "timeout": "2s", "connect_timeout": "1s", **options},
+    )
+    return HttpAdapter(contract)
+
+
+def record(adapter: HttpAdapter) -> EffectRecord:
+    return make_effect_record(adapter.contract, "order:42:charge:v1", ARGUMENTS, KEY)
+
+
+def dispatch(
+    adapter: HttpAdapter, arguments: dict[str, object] = ARGUMENTS
+) -> DispatchResult:
+    request = DispatchRequest(record(adapter), arguments, "attempt-1", adapter.contract)
+    return adapter.dispatch(request)
+
+
+def probe_status(adapter: HttpAdapter) -> tuple[ProbeStatus, str | None]:
+    result = adapter.probe(ProbeRequest(record(adapter), ARGUMENTS, adapter.contract))
+    return result.status, result.external_id
+
+
+def free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        return int(sock.getsockname()[1])
+
+
+# --- transport failures -----------------------------------------------------------------
+
+
+def test_refused_connection_is_retryable_because_nothing_was_written() -> None:
+    with (
+        adapter_for(f"http://127.0.0.1:{free_port()}/charges") as adapter,
+        pytest.raises(RetryableAdapterError) as caught,
+    ):
+        dispatch(adapter)
+    assert isinstance(caught.value.__cause__, httpx.ConnectError)
+
+
+def test_connect_timeout_is_retryable() -> None:
+    # Given a listener whose accept queue is full: the kernel drops further SYNs, so
+    # the connection is never established (a real connect timeout, no byte written)
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as full:
+        address = full.getsockname()
+        fillers = [socket.socket() for _ in range(4)]
+        try:
+            for filler in fillers:
+                filler.setblocking(False)
+                filler.connect_ex(address)
+            url = f"http://127.0.0.1:{address[1]}/charges"
+            with (
+                adapter_for(url, connect_timeout="200ms") as adapter,
+                pytest.raises(RetryableAdapterError) as caught,
+            ):
+                dispatch(adapter)
+        finally:
+            for filler in fillers:
+                filler.close()
+    assert isinstance(caught.value.__cause__, httpx.ConnectTimeout)
+
+
+@pytest.mark.parametrize(
+    ("then", "cause"),
+    [
+        (close_quietly, httpx.RemoteProtocolError),
+        (reset, httpx.ReadError),
+        (hang, httpx.ReadTimeout),
+    ],
+    ids=["closed-after-read", "reset-after-read", "never-answers"],
+)
+def test_no_answer_after_the_request_was_read_is_unknown(
+    serve: Callable[..., ScriptedServer], then: Then, cause: type[Exception]
+) -> None:
+    server = serve(then)
+    with (
+        adapter_for(f"{server.url}/charges", timeout="300ms") as adapter,
+        pytest.raises(OutcomeUnknownError) as caught,
+    ):
+        dispatch(adapter)
+    assert isinstance(caught.value.__cause__, cause)
+    # The whole request reached the server, exactly once.
+    assert server.connections == 1
+    assert len(server.requests) == 1
+    assert server.requests[0].endswith(canonical_json(ARGUMENTS))
+
+
+@pytest.mark.parametrize(
+    ("read", "then", "cause"),
+    [
+        (False, hang, httpx.WriteTimeout),
+        # httpcore swallows the WriteError and reads for a response (a server may
+        # answer early), so the reset surfaces on that read.
+        (
+            False,
+            reset_mid_body,
+            (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError),
+        ),
+    ],
+    ids=["peer-never-reads", "peer-resets-mid-body"],
+)
+def test_failure_while_writing_the_body_is_unknown(
+    serve: Callable[..., ScriptedServer], read: bool, then: Then, cause: Any
+) -> None:
+    # Given a body far larger than the socket buffers, so the write is in progress
+    server = serve(then, read=read)
+    big = {**ARGUMENTS, "memo": "x" * (16 << 20)}
+    with (
+        adapter_for(f"{server.url}/charges", timeout="300ms") as adapter,
+        pytest.raises(OutcomeUnknownError) as caught,
+    ):
+        dispatch(adapter, big)
+    # Part of the request left: never retryable
+    assert isinstance(caught.value.__cause__, cause)
+    assert server.connections == 1
+
+
+# --- answers ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [
+        (503, RetryableAdapterError),
+        (429, RetryableAdapterError),
+        (422, TerminalAdapterError),
+        (400, TerminalAdapterError),
+        (404, TerminalAdapterError),
+        (500, OutcomeUnknownError),
+        (502, OutcomeUnknownError),
+        (301, OutcomeUnknownError),
+    ],
+)
+def test_status_codes_are_classified(
+    serve: Callable[..., ScriptedServer], status: int, error: type[Exception]
+) -> None:
+    server = serve(respond(status, b'{"error": "x"}'))
+    with adapter_for(f"{server.url}/charges") as adapter, pytest.raises(error):
+        dispatch(adapter)
+    assert (server.connections, len(server.requests)) == (1, 1)  # no retry, no redirect
+
+
+def test_explicit_terminal_statuses_leave_other_4xx_unknown(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    server = serve(respond(409))
+    url = f"{server.url}/charges"
+    with (
+        adapter_for(url, terminal_statuses=[422]) as adapter,
+        pytest.raises(OutcomeUnknownError),
+    ):
+        dispatch(adapter)
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [(b"ok", "text/plain"), (b"[1, 2]", "application/json"), (b"", "application/json")],
+    ids=["text", "array", "empty"],
+)
+def test_2xx_without_a_json_object_is_unknown(
+    serve: Callable[..., ScriptedServer], body: bytes, content_type: str
+) -> None:
+    server = serve(respond(200, body, content_type))
+    with (
+        adapter_for(f"{server.url}/charges") as adapter,
+        pytest.raises(OutcomeUnknownError),
+    ):
+        dispatch(adapter)
+
+
+def test_2xx_object_is_the_receipt_and_the_request_carries_key_and_canonical_body(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    server = serve(respond(201, b'{"data": {"id": "ch_1"}, "status": "succeeded"}'))
+    url = f"{server.url}/orders/{{order}}/charges?effect={{effect_id}}"
+    with adapter_for(
+        url,
+        "idempotent",
+        external_id_field="data.id",
+        correlation_header="X-Correlation-Key",
+        status_field="status",
+    ) as adapter:
+        result = dispatch(adapter)
+    assert result.external_id == "ch_1"
+    assert result.output == {"data": {"id": "ch_1"}, "status": "succeeded"}
+    head, _, body = server.requests[0].partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0].startswith("POST /orders/42/charges?effect=")
+    headers = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    assert headers["idempotency-key"] == KEY
+    assert headers["x-correlation-key"] == KEY
+    assert headers["content-type"] == "application/json"
+    assert body == canonical_json(ARGUMENTS)
+
+
+def test_failed_status_value_is_terminal(serve: Callable[..., ScriptedServer]) -> None:
+    server = serve(respond(200, b'{"id": "ch_1", "status": "failed"}'))
+    url = f"{server.url}/charges"
+    with (
+        adapter_for(
+            url, status_field="status", failed_status_values=["failed"]
+        ) as adapter,
+        pytest.raises(TerminalAdapterError) as caught,
+    ):
+        dispatch(adapter)
+    assert caught.value.details["external_id"] == "ch_1"
+
+
+def test_missing_url_field_is_terminal_and_sends_nothing(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    server = serve(respond(200))
+    with (
+        adapter_for(f"{server.url}/charges/{{customer}}") as adapter,
+        pytest.raises(TerminalAdapterError),
+    ):
+        dispatch(adapter)
+    assert server.connections == 0
+
+
+def test_environment_proxy_is_ignored(
+    serve: Callable[..., ScriptedServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A proxy would answer for the target and change every classification.
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("ALL_PROXY", f"http://127.0.0.1:{free_port()}")
+    server = serve(respond(200, b'{"id": "ch_1"}'))
+    with adapter_for(f"{server.url}/charges") as adapter:
+        assert dispatch(adapter).external_id == "ch_1"
+
+
+def test_logs_carry_no_arguments_url_or_key(
+    serve: Callable[..., ScriptedServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    server = serve(respond(200, b'{"id": "ch_1"}'))
+    caplog.set_level(logging.DEBUG, logger="effect_broker.adapters.http_adapter")
+    with adapter_for(f"{server.url}/c/{{order}}", "idempotent") as adapter:
+        dispatch(adapter, {**ARGUMENTS, "order": "secret-order-771"})
+    assert caplog.records
+    for entry in caplog.records:
+        text = repr(entry.__dict__)
+        assert KEY not in text
+        assert "secret-order-771" not in text
+        assert server.url not in text
+
+
+# --- probes -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("then", "expected"),
+    [
+        (respond(200, b'{"id": "ch_9"}'), (ProbeStatus.COMMITTED, "ch_9")),
+        (respond(404, b'{"error": "not_found"}'), (ProbeStatus.NOT_COMMITTED, None)),
+        (respond(500), (ProbeStatus.UNKNOWN, None)),
+        (respond(503), (ProbeStatus.UNKNOWN, None)),
+        (respond(200, b"<html>", "text/html"), (ProbeStatus.UNKNOWN, None)),
+        (close_quietly, (ProbeStatus.UNKNOWN, None)),
+        (hang, (ProbeStatus.UNKNOWN, None)),
+    ],
+    ids=["200", "404", "500", "503", "200-html", "closed", "timeout"],
+)
+def test_probe_is_committed_not_committed_or_unknown(
+    serve: Callable[..., ScriptedServer],
+    then: Then,
+    expected: tuple[ProbeStatus, str | None],
+) -> None:
+    server = serve(then)
+    probe_url = f"{server.url}/charges?key={{downstream_key}}"
+    with adapter_for(
+        f"{server.url}/charges",
+        "reconcilable",
+        probe_url=probe_url,
+        correlation_header="X-Correlation-Key",
+        timeout="300ms",
+    ) as adapter:
+        assert probe_status(adapter) == expected
+    assert server.requests[0].startswith(f"GET /charges?key={KEY} ".encode())
+
+
+def test_probe_of_unreachable_target_is_unknown() -> None:
+    port = free_port()
+    with adapter_for(
+        f"http://127.0.0.1:{port}/c",
+        "reconcilable",
+        probe_url=f"http://127.0.0.1:{port}/c?k={{downstream_key}}",
+        correlation_header="X-Correlation-Key",
+    ) as adapter:
+        assert probe_status(adapter) == (ProbeStatus.UNKNOWN, None)
+
+
+def test_adapter_without_probe_url_answers_unknown() -> None:
+    with adapter_for(f"http://127.0.0.1:{free_port()}/c", "idempotent") as adapter:
+        assert probe_status(adapter) == (ProbeStatus.UNKNOWN, None)
+
+
+# --- configuration ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("safety", "options", "message"),
+    [
+        ("idempotent", {"idempotency_header": None}, "idempotency_header"),
+        ("reconcilable", {}, "probe_url"),
+        ("transactional", {}, "cannot share"),
+        ("unsafe", {"url": "http://h/{arguments[order]}"}, "bare name"),
+        ("unsafe", {"url": "http://h/{order.id}"}, "bare name"),
+        ("unsafe", {"retries": 3}, "unknown http adapter options"),
+        ("unsafe", {"timeout": "10"}, "timeout"),
+        ("unsafe", {"retryable_statuses": [200]}, "not 4xx/5xx"),
+    ],
+)
+def test_contracts_that_claim_more_than_the_configuration_delivers_are_refused(
+    safety: str, options: dict[str, object], message: str
+) -> None:
+    url = str(options.pop("url", "http://127.0.0.1:1/c"))
+    with pytest.raises(ConfigurationError, match=message):
+        adapter_for(url, safety, **options)
