@@ -188,7 +188,9 @@ def test_chain_verification_detects_an_edited_event(tenant) -> None:
 @pytest.mark.django_db
 def test_chain_verification_detects_a_deleted_newest_event(tenant) -> None:
     record = reserve(tenant)
-    transition(record, EffectStatus.DISPATCHING, event_type="t", actor="w1", now=now(record))
+    transition(
+        record, EffectStatus.DISPATCHING, event_type="t", actor="w1", now=now(record)
+    )
     _as_privileged_dba(
         "DELETE FROM effect_events WHERE effect_id = %s AND sequence = 2",
         [record.effect_id],
