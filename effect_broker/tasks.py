@@ -12,8 +12,9 @@ import os
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
-from procrastinate import JobContext, utils
+from procrastinate import JobContext, exceptions, utils
 from procrastinate.contrib.django import app
+from procrastinate.jobs import Status
 
 from effect_broker.services import dispatch, reconcile, sweeper
 
@@ -54,29 +55,45 @@ def sweep(context: JobContext, timestamp: int) -> None:
 
 
 def retry_stalled_jobs() -> int:
-    """Put jobs whose worker stopped heartbeating back to ``todo``.
+    """Put jobs whose worker stopped heartbeating back to ``todo``; return how many.
 
     A SIGKILLed job stays ``doing`` and keeps its ``effect:<id>`` lock, which blocks
     every later job of that effect; nothing in procrastinate recovers it. Our jobs are
-    idempotent, so retrying is safe: the job re-reads the ledger and finds the effect
-    already converted to outcome_unknown by the lease sweep.
+    idempotent (they re-read the ledger), so retrying is safe. When a queued twin
+    already exists (same queueing lock, e.g. re-deferred by this sweeper), the retry
+    would violate the queueing lock: the stalled job is finished as failed instead,
+    which releases its lock and lets the twin run.
     """
     seconds = settings.EFFECT_BROKER_TIMING["stalled_job_seconds"]
-    stalled = async_to_sync(app.job_manager.get_stalled_jobs)(
-        seconds_since_heartbeat=seconds
-    )
+    manager = app.job_manager
+    stalled = async_to_sync(manager.get_stalled_jobs)(seconds_since_heartbeat=seconds)
     count = 0
     for job in stalled:
-        if job.task_name == "effect_broker.sweep" or job.id is None:
+        if job.id is None:
             continue
-        app.job_manager.retry_job_by_id(job.id, retry_at=utils.utcnow())
+        try:
+            manager.retry_job_by_id(job.id, retry_at=utils.utcnow())
+            action = "retried"
+        except exceptions.UniqueViolation:
+            async_to_sync(manager.finish_job_by_id_async)(
+                job.id, status=Status.FAILED, delete_job=False
+            )
+            action = "failed (a queued twin exists)"
+        except exceptions.ProcrastinateException:
+            # One odd job must not stop the sweep that recovers all the others.
+            logger.exception(
+                "could not recover stalled job",
+                extra={"action": "retry_stalled_job", "job_id": job.id},
+            )
+            continue
         count += 1
         logger.warning(
-            "retried stalled job",
+            "recovered stalled job",
             extra={
                 "action": "retry_stalled_job",
                 "job_id": job.id,
                 "task": job.task_name,
+                "result": action,
             },
         )
     return count

@@ -8,38 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote, urlencode
 
 import psycopg
 import pytest
 
+from config.database import url_from_settings
 from examples.crash_matrix.target_client import TargetProcess, start_target
 
 #: Short, so the reconcilable checks stay fast; the contracts below declare more.
 SETTLEMENT_DELAY = "300ms"
-
-
-def database_url(settings: dict[str, Any]) -> str:
-    """A ``postgresql://`` URL for a Django DATABASES entry (unix sockets included)."""
-    user = quote(settings.get("USER") or "", safe="")
-    password = settings.get("PASSWORD") or ""
-    auth = user + (f":{quote(password, safe='')}" if password else "")
-    host, port = settings.get("HOST") or "", str(settings.get("PORT") or "")
-    query: dict[str, str] = {
-        key: str(value)
-        for key, value in (settings.get("OPTIONS") or {}).items()
-        if isinstance(value, str | int)
-    }
-    if host.startswith("/"):
-        # A socket directory cannot sit in the authority part; libpq reads ?host=.
-        netloc = f"{auth}@" if auth else ""
-        query["host"] = host
-        if port:
-            query["port"] = port
-    else:
-        netloc = (f"{auth}@" if auth else "") + host + (f":{port}" if port else "")
-    name = quote(settings["NAME"], safe="")
-    return f"postgresql://{netloc}/{name}" + (f"?{urlencode(query)}" if query else "")
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +26,7 @@ def target_database_url(django_db_setup: None, django_db_blocker: Any) -> str:
 
     with django_db_blocker.unblock():
         connection.ensure_connection()  # starts the embedded server if that is in use
-        url = database_url(connection.settings_dict)
+        url = url_from_settings(connection.settings_dict)
         connection.close()
     with psycopg.connect(url, autocommit=True) as conn:  # fail here, not in a child
         conn.execute("SELECT 1")
