@@ -28,7 +28,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("effect-broker: interrupted\n")
         return 130
+    except Exception as exc:  # never a traceback to a user, unless they ask for it
+        if os.environ.get("EFFECT_BROKER_DEBUG"):
+            raise
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        sys.stderr.write(
+            f"effect-broker: error [{_category(exc)}]: {type(exc).__name__}: "
+            f"{first_line} (set EFFECT_BROKER_DEBUG=1 for the traceback)\n"
+        )
+        return 1
     return 0
+
+
+def _category(exc: Exception) -> str:
+    from django.db import DatabaseError
+
+    return "database" if isinstance(exc, DatabaseError) else "internal"
 
 
 if __name__ == "__main__":  # pragma: no cover

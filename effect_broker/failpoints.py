@@ -1,17 +1,29 @@
-"""Failpoints: named places where a broker process can be told to SIGKILL itself.
+"""Failpoints: named places where a broker process can be told to die (or stall).
 
-Armed by ``EFFECT_BROKER_FAILPOINTS`` (comma-separated names; ``name@N`` fires on the
-N-th hit in this process, default the first). At a failpoint the process kills itself
-with SIGKILL: no ``finally`` blocks, no atexit, no flushing - exactly what a power cut or
-an OOM kill does to a worker. Only the crash matrix and crash tests arm them.
+Two ways to arm them; only the crash matrix and crash tests do:
+
+* ``EFFECT_BROKER_FAILPOINTS=name[@N],...`` arms a failpoint for this whole process;
+  it fires on the N-th hit (default the first).
+* ``EFFECT_BROKER_FAILPOINT_DIR=/some/dir`` lets a driver arm a failpoint for ONE
+  operation key from outside, while workers keep running: it writes
+  ``<dir>/armed/<digest of the operation key>`` holding ``name`` or ``name pause=S``.
+  The failpoint fires once across all processes (an ``O_EXCL`` marker in
+  ``<dir>/fired`` is created before firing), so a restarted worker does not die again.
+
+Firing means SIGKILL of the current process: no ``finally`` blocks, no atexit, no
+flushing - exactly what an OOM kill or a power cut does. ``pause=S`` sleeps instead,
+holding whatever transaction is open (used to restart the database underneath).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import sys
 import threading
+import time
+from pathlib import Path
 
 #: Every failpoint the code defines, in the order an effect passes them.
 FAILPOINTS = (
@@ -27,32 +39,80 @@ _lock = threading.Lock()
 _hits: dict[str, int] = {}
 
 
-def _armed() -> dict[str, int]:
+def _check_name(name: str) -> None:
+    if name not in FAILPOINTS:  # a typo must not silently disarm a crash test
+        raise ValueError(f"unknown failpoint {name!r}; known: {', '.join(FAILPOINTS)}")
+
+
+def _process_armed() -> dict[str, int]:
     raw = os.environ.get("EFFECT_BROKER_FAILPOINTS", "")
     armed: dict[str, int] = {}
     for item in filter(None, (part.strip() for part in raw.split(","))):
         name, _, nth = item.partition("@")
-        if name not in FAILPOINTS:
-            raise ValueError(
-                f"unknown failpoint {name!r}; known: {', '.join(FAILPOINTS)}"
-            )
+        _check_name(name)
         armed[name] = int(nth) if nth else 1
     return armed
 
 
-def hit(name: str) -> None:
-    """Pass failpoint ``name``; SIGKILL this process if it is armed for this hit."""
-    if name not in FAILPOINTS:  # a typo in code must not silently disarm a test
-        raise ValueError(f"unknown failpoint {name!r}")
-    armed = _armed()
+def subject_digest(subject: str) -> str:
+    """File name under which a failpoint is armed for a subject."""
+    return hashlib.sha256(subject.encode("utf-8")).hexdigest()[:32]
+
+
+def arm(directory: Path, subject: str, name: str, *, pause: float | None = None) -> None:
+    """Arm failpoint ``name`` for one operation key (driver side)."""
+    _check_name(name)
+    (directory / "armed").mkdir(parents=True, exist_ok=True)
+    (directory / "fired").mkdir(parents=True, exist_ok=True)
+    spec = name if pause is None else f"{name} pause={pause}"
+    (directory / "armed" / subject_digest(subject)).write_text(spec)
+
+
+def fired(directory: Path, subject: str, name: str) -> bool:
+    """True once the failpoint armed for ``subject`` has fired (driver side)."""
+    return (directory / "fired" / f"{subject_digest(subject)}-{name}").exists()
+
+
+def _die(name: str) -> None:
+    sys.stderr.write(
+        f"effect-broker: failpoint {name} fired, SIGKILL pid {os.getpid()}\n"
+    )
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _hit_armed_for_subject(name: str, subject: str) -> None:
+    directory = os.environ.get("EFFECT_BROKER_FAILPOINT_DIR", "")
+    if not directory:
+        return
+    digest = subject_digest(subject)
+    try:
+        spec = (Path(directory) / "armed" / digest).read_text().split()
+    except FileNotFoundError:
+        return
+    if not spec or spec[0] != name:
+        return
+    marker = Path(directory) / "fired" / f"{digest}-{name}"
+    try:
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return  # already fired once, in this or another process
+    pause = next((float(p[6:]) for p in spec[1:] if p.startswith("pause=")), None)
+    if pause is None:
+        _die(name)
+    time.sleep(pause)
+
+
+def hit(name: str, *, subject: str | None = None) -> None:
+    """Pass failpoint ``name`` for ``subject`` (``tenant_id/operation_key``) if known."""
+    _check_name(name)
+    if subject is not None:
+        _hit_armed_for_subject(name, subject)
+    armed = _process_armed()
     if name not in armed:
         return
     with _lock:
         _hits[name] = _hits.get(name, 0) + 1
         fire = _hits[name] == armed[name]
     if fire:
-        sys.stderr.write(
-            f"effect-broker: failpoint {name} fired, SIGKILL pid {os.getpid()}\n"
-        )
-        sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+        _die(name)

@@ -84,6 +84,10 @@ class ProbeResult:
     evidence: JsonObject | None = None
 
 
+def _subject(effect: EffectRecord) -> str:
+    return f"{effect.tenant_id}/{effect.operation_key}"
+
+
 class EffectAdapter(ABC):
     """Base class of every adapter; subclasses implement ``_send`` and ``_lookup``."""
 
@@ -98,7 +102,7 @@ class EffectAdapter(ABC):
 
     def dispatch(self, request: DispatchRequest) -> DispatchResult:
         """Execute the effect once with ``request.downstream_key``; never retry inside."""
-        failpoints.hit("before_request_write")
+        failpoints.hit("before_request_write", subject=_subject(request.effect))
         try:
             result = self._send(request)
         except AdapterError:
@@ -110,7 +114,7 @@ class EffectAdapter(ABC):
             ) from exc
         # The target committed and answered; dying here loses the response (spec: the
         # sharp problem, step 3).
-        failpoints.hit("after_target_commit")
+        failpoints.hit("after_target_commit", subject=_subject(request.effect))
         if not result.committed:
             raise TerminalAdapterError(
                 "the adapter returned a result that is not committed", adapter=self.name

@@ -8,6 +8,7 @@ place both Django connections and procrastinate's worker connector pass through
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from django.db.backends.postgresql import base as postgresql
@@ -19,7 +20,10 @@ class DatabaseWrapper(postgresql.DatabaseWrapper):
     """The stock PostgreSQL wrapper plus a lazy ``embedded_pg.ensure_running()``."""
 
     def get_connection_params(self) -> dict[str, Any]:
-        server = embedded_pg.ensure_running()
+        # A settings entry may name another embedded instance (the crash matrix runs its
+        # own, so that restarting it disturbs nobody else).
+        project_dir = self.settings_dict.get("EMBEDDED_PROJECT_DIR")
+        server = embedded_pg.ensure_running(Path(project_dir) if project_dir else None)
         params = super().get_connection_params()
         # In TCP mode a taken port is replaced at start; trust the running server over
         # what settings computed at import time.

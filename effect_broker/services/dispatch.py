@@ -239,5 +239,7 @@ def _dispatch_transactional(
             attempt_id=attempt_id,
             event_type="dispatch_succeeded",
         )
-    failpoints.hit("after_receipt_commit")
+    failpoints.hit(
+        "after_receipt_commit", subject=f"{record.tenant_id}/{record.operation_key}"
+    )
     return done

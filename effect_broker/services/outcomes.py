@@ -26,6 +26,11 @@ from effect_broker.services.runtime import Runtime
 _CLEAR_LEASE = {"lease_owner": None, "lease_expires_at": None}
 
 
+def _subject(record: EffectRecord) -> str:
+    """Whom a failpoint armed by the crash matrix targets."""
+    return f"{record.tenant_id}/{record.operation_key}"
+
+
 def record_success(
     rt: Runtime,
     record: EffectRecord,
@@ -80,11 +85,11 @@ def record_success(
                 ),
                 now=now,
             )
-        failpoints.hit("before_receipt_commit")
+        failpoints.hit("before_receipt_commit", subject=_subject(record))
     if not transaction.get_connection().in_atomic_block:
         # Only here has the receipt really committed (the transactional path commits
         # in its caller and passes this failpoint there).
-        failpoints.hit("after_receipt_commit")
+        failpoints.hit("after_receipt_commit", subject=_subject(record))
     return updated
 
 

@@ -86,9 +86,11 @@ def submit(
             rt.scheduler.dispatch(record.effect_id)
             if on_reserved is not None:
                 on_reserved(record, contract)
-            failpoints.hit("before_reservation_commit")
+            failpoints.hit(
+                "before_reservation_commit", subject=f"{tenant_id}/{operation_key}"
+            )
     if created:
-        failpoints.hit("after_reservation_commit")
+        failpoints.hit("after_reservation_commit", subject=f"{tenant_id}/{operation_key}")
         return Reservation(effect=record, created=True, replayed=False)
     _refuse_drift(record, contract, digest)
     return Reservation(effect=record, created=False, replayed=True)

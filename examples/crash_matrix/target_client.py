@@ -9,6 +9,8 @@ service (or the broker) says about it. ``ServiceHarness`` adapts a running servi
 
 from __future__ import annotations
 
+import hashlib
+import json
 import subprocess
 import sys
 import tempfile
@@ -83,6 +85,22 @@ class TargetProcess:
             row = conn.execute(query, {"mode": mode, "key": key}).fetchone()
         return int(row[0]) if row else 0
 
+    def count_by_body(self, body: dict[str, Any]) -> int:
+        """Rows whose request body was exactly ``body`` (the service's own body hash).
+
+        Unsafe charges carry no key; a body unique to one test case still maps every
+        row back to the case that caused it.
+        """
+        digest = hashlib.sha256(
+            json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        ).digest()
+        query = sql.SQL("SELECT count(*) FROM {}.charges WHERE body_hash = %s").format(
+            sql.Identifier(self.schema)
+        )
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            row = conn.execute(query, [digest]).fetchone()
+        return int(row[0]) if row else 0
+
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM and wait; SIGKILL if it does not exit in ``timeout`` seconds."""
         if self.process.poll() is None:
@@ -153,17 +171,28 @@ def start_target(
     ]
     if verbose:
         command.append("--verbose")
-    # cwd=ROOT puts the repository on the child's sys.path (``python -m``).
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+    # cwd=ROOT puts the repository on the child's sys.path (``python -m``). Its output
+    # goes to a file: an inherited pipe would keep a parent's reader waiting for EOF
+    # for as long as the service lives.
+    with (Path(workdir.name) / "target.log").open("ab") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
     deadline = time.monotonic() + startup_timeout
     while not port_file.exists():
         if process.poll() is not None or time.monotonic() > deadline:
             if process.poll() is None:
                 process.kill()
             process.wait()
+            log_text = (Path(workdir.name) / "target.log").read_text(errors="replace")
             workdir.cleanup()
             raise RuntimeError(
-                f"target service did not start (exit code {process.returncode})"
+                f"target service did not start (exit code {process.returncode}): "
+                + (log_text.strip().splitlines() or [""])[-1]
             )
         time.sleep(0.02)
     bound = int(port_file.read_text(encoding="ascii"))

@@ -20,6 +20,7 @@ Endpoints (JSON)::
     POST /admin/faults           {"fault": F, "times": n, "seconds": s}, F one of
                                  reject_next (503 before the DB: "not committed"),
                                  drop_connection_after_commit, hang_after_commit,
+                                 slow_after_commit (answers after `seconds`),
                                  fail_next_lookup (503 on the next lookup)
 
 Usage: ``python -m examples.crash_matrix.target_service --database-url URL
@@ -57,6 +58,7 @@ FAULTS = (
     "reject_next",
     "drop_connection_after_commit",
     "hang_after_commit",
+    "slow_after_commit",
     "fail_next_lookup",
 )
 MAX_BODY = 1 << 20
@@ -384,6 +386,10 @@ class TargetHandler(BaseHTTPRequestHandler):
             state.stopping.wait(state.hang_seconds)
             self._drop()
             return None
+        if state.take_fault("slow_after_commit"):
+            # Committed, answered late: widens the window in which a kill of the
+            # caller lands between the commit and the caller's receipt.
+            state.stopping.wait(state.hang_seconds)
         return charge
 
     def _drop(self) -> None:

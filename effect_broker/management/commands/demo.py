@@ -10,6 +10,10 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from effect_broker.domain.errors import PayloadConflictError
 from effect_broker.domain.records import EffectRequest
+from effect_broker.management.crash_matrix_options import (
+    add_crash_matrix_arguments,
+    run_crash_matrix,
+)
 from effect_broker.models import EffectEvent, EffectIntent, Tenant
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import create_tenant
@@ -19,7 +23,8 @@ from effect_broker.store import verify_event_chain
 class Command(BaseCommand):
     help = (
         "Run a demonstration against the configured Postgres (embedded by default). "
-        "'reservation' reserves a charge, replays it and refuses payload drift."
+        "'crash-matrix' kills real worker processes at every boundary and counts charges "
+        "in the target's own table; 'reservation' reserves, replays and refuses drift."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -28,10 +33,20 @@ class Command(BaseCommand):
             "reservation",
             help="reserve order:42:charge:v1, replay it, and show drift being refused",
         )
+        add_crash_matrix_arguments(
+            sub.add_parser(
+                "crash-matrix",
+                help="SIGKILL broker processes at every failpoint; count target charges",
+            )
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["demo"] == "reservation":
             self._reservation()
+        elif options["demo"] == "crash-matrix":
+            code = run_crash_matrix(self.stdout, options)
+            if code:
+                raise SystemExit(code)
 
     def _say(self, text: str) -> None:
         self.stdout.write(text)

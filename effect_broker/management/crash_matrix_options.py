@@ -1,0 +1,50 @@
+"""Arguments of the crash-matrix demo, shared by ``demo crash-matrix`` and
+``crash_matrix`` so both spellings behave identically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TextIO
+
+from django.core.management.base import CommandParser
+
+from effect_broker.domain.errors import InvalidRequestError
+
+
+def add_crash_matrix_arguments(parser: CommandParser) -> None:
+    """Add the crash-matrix options to ``parser``."""
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=0,
+        help="after the matrix, N more effects under SIGKILLs at random moments",
+    )
+    parser.add_argument("--seed", type=int, default=42, help="seed for --runs")
+    parser.add_argument(
+        "--workers", type=int, default=3, help="worker processes in the pool (default 3)"
+    )
+    parser.add_argument(
+        "--parallel", type=int, default=3, help="cells run at the same time (default 3)"
+    )
+
+
+def run_crash_matrix(out: TextIO, options: dict[str, Any]) -> int:
+    """Validate options and run the matrix; return its exit code."""
+    if options["runs"] < 0:
+        raise InvalidRequestError("--runs must be >= 0")
+    if not 1 <= options["workers"] <= 16:
+        raise InvalidRequestError("--workers must be between 1 and 16")
+    if not 1 <= options["parallel"] <= 16:
+        raise InvalidRequestError("--parallel must be between 1 and 16")
+    # Imported here: the demo lives in examples/ and needs the dev install.
+    from examples.crash_matrix.matrix import run_matrix
+
+    return run_matrix(
+        out,
+        workers=options["workers"],
+        parallel=options["parallel"],
+        runs=options["runs"],
+        seed=options["seed"],
+        json_path=options["json"],
+    )

@@ -1,0 +1,355 @@
+"""The crash matrix's test rig: a scratch database, the target service, a supervised
+pool of real worker processes, and helpers to submit, wait and count.
+
+Everything the verdicts rely on is read from the source of truth: target effects from
+the target's own table (never from the broker), broker state from the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connection, connections
+from psycopg import sql
+
+from config.database import url_from_settings
+from effect_broker import failpoints, store
+from effect_broker.domain.contracts import load_contracts
+from effect_broker.domain.records import EffectRecord, EffectRequest
+from effect_broker.domain.states import EffectStatus
+from effect_broker.models import EffectReceipt, StaleWrite, Tenant
+from effect_broker.services import runtime
+from effect_broker.services.submission import submit
+from effect_broker.services.tenants import create_tenant
+from examples.crash_matrix.contracts import TOOLS, write_contracts
+from examples.crash_matrix.naive_runner import ensure_schema
+from examples.crash_matrix.target_client import TargetProcess, start_target
+from examples.crash_matrix.workers import ROOT, WorkerProcess, broker_env, wait_until
+
+OPERATION_KEY = "order:42:charge:v1"
+#: States after which nothing more happens without an operator.
+SETTLED = {EffectStatus.SUCCEEDED, EffectStatus.FAILED_FINAL, EffectStatus.MANUAL_REVIEW}
+
+
+class WorkerPool:
+    """N worker processes; a supervisor replaces any that die (as a deployment would)."""
+
+    def __init__(self, env: dict[str, str], size: int) -> None:
+        self.env = env
+        self.restarts = 0
+        self._serial = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.workers = [self._spawn() for _ in range(size)]
+        self._thread = threading.Thread(target=self._supervise, daemon=True)
+        self._thread.start()
+
+    def _spawn(self) -> WorkerProcess:
+        self._serial += 1
+        # concurrency 1: a worker holds at most one effect, so a kill aimed at one
+        # effect never takes another effect's dispatch down with it.
+        return WorkerProcess(f"matrix-w{self._serial}", self.env, concurrency=1)
+
+    def _supervise(self) -> None:
+        while not self._stop.wait(0.2):
+            with self._lock:
+                for i, worker in enumerate(self.workers):
+                    if not worker.alive():
+                        worker.close()
+                        self.workers[i] = self._spawn()
+                        self.restarts += 1
+
+    def by_pid(self, pid: int) -> WorkerProcess | None:
+        """The live worker with this pid."""
+        with self._lock:
+            return next((w for w in self.workers if w.pid == pid and w.alive()), None)
+
+    def kill_random(self, rng: random.Random) -> None:
+        """SIGKILL one worker chosen at random (the supervisor brings up another)."""
+        with self._lock:
+            victim = rng.choice(self.workers)
+        victim.kill()
+
+    def stop(self) -> None:
+        """Stop supervising, then stop every worker."""
+        self._stop.set()
+        self._thread.join()
+        for worker in self.workers:
+            worker.stop(timeout=10)
+
+
+class Rig:
+    """Everything one crash-matrix run needs; use ``open_rig()``."""
+
+    def __init__(
+        self, database_url: str, target: TargetProcess, contracts: Path, workdir: Path
+    ) -> None:
+        self.database_url = database_url
+        self.target = target
+        self.contracts = contracts
+        self.workdir = workdir
+        self.fp_dir = workdir / "failpoints"
+        self.pool: WorkerPool | None = None
+        #: The rig's own embedded server (None when DATABASE_URL names the server).
+        self.embedded_project_dir: Path | None = None
+
+    def env(self) -> dict[str, str]:
+        """Environment of every broker child process of this rig."""
+        return broker_env(
+            self.database_url,
+            self.contracts,
+            settings.EFFECT_BROKER_MASTER_KEY,
+            extra={"EFFECT_BROKER_FAILPOINT_DIR": str(self.fp_dir)},
+        )
+
+    def new_tenant(self, label: str) -> Tenant:
+        """A tenant per cell: every cell can use the same operation key."""
+        return create_tenant(f"{label}-{uuid.uuid4().hex[:6]}")[0]
+
+    def arm(self, tenant: Tenant, failpoint: str, *, pause: float | None = None) -> None:
+        """Arm ``failpoint`` for this tenant's charge."""
+        failpoints.arm(
+            self.fp_dir, f"{tenant.id}/{OPERATION_KEY}", failpoint, pause=pause
+        )
+
+    def fired(self, tenant: Tenant, failpoint: str) -> bool:
+        """Whether the armed failpoint fired."""
+        return failpoints.fired(self.fp_dir, f"{tenant.id}/{OPERATION_KEY}", failpoint)
+
+    def submit(self, tenant: Tenant, scenario: str, body: dict[str, Any]) -> EffectRecord:
+        """Submit in this process (the agent's call)."""
+        request = EffectRequest(
+            operation_key=OPERATION_KEY, tool=TOOLS[scenario], arguments=body
+        )
+        return submit(tenant, request).effect
+
+    def submit_in_child(self, tenant: Tenant, scenario: str, body: dict[str, Any]) -> int:
+        """Submit through ``effect-broker submit`` in a child process; its exit code."""
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "effect_broker.cli",
+                "submit",
+                "--tenant",
+                tenant.name,
+                "--tool",
+                TOOLS[scenario],
+                "--operation-key",
+                OPERATION_KEY,
+                "--arguments",
+                json.dumps(body),
+            ],
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        return result.returncode
+
+    def effect_of(self, tenant: Tenant) -> EffectRecord:
+        """The tenant's charge as the ledger has it now."""
+        return store.reads.get_effect_by_key(str(tenant.id), OPERATION_KEY)
+
+    def wait_settled(
+        self, tenant: Tenant, scenario: str, timeout: float = 90
+    ) -> EffectRecord:
+        """Wait until the effect reaches a state only an operator could change."""
+
+        def settled() -> EffectRecord | None:
+            record = self.effect_of(tenant)
+            if record.status in SETTLED:
+                return record
+            if scenario == "unsafe" and record.status is EffectStatus.OUTCOME_UNKNOWN:
+                return record  # unsafe + unknown waits for an operator, by design
+            return None
+
+        try:
+            return wait_until(settled, timeout=timeout, interval=0.2, what="settlement")
+        finally:
+            connection.close()
+
+    def target_effects(self, scenario: str, body: dict[str, Any], key: str = "") -> int:
+        """Effects the target really applied, from its own table."""
+        if scenario == "transactional":
+            from effect_broker.adapters.simulated_adapter import local_effect_count
+
+            return local_effect_count(key)
+        return self.target.count_by_body(body)
+
+    def restart_target(self, port: int) -> None:
+        """Bring the target back on the same port (its table survives in Postgres)."""
+        self.target = start_target(
+            self.database_url,
+            settlement_delay="500ms",
+            key_retention="24h",
+            schema="crash_target",
+            port=port,
+        )
+
+    def naive_local_effects(self, operation_key: str) -> int:
+        """Charges the naive loop wrote in its 'transactional' mode."""
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM naive.local_charges WHERE operation_key = %s",
+                [operation_key],
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def receipts(self, record: EffectRecord) -> int:
+        """Receipts the broker holds for the effect."""
+        return EffectReceipt.objects.filter(effect_id=record.effect_id).count()
+
+    def stale_writes(self, record: EffectRecord) -> int:
+        """Writes the fence refused for the effect."""
+        return StaleWrite.objects.filter(effect_id=record.effect_id).count()
+
+    def run_naive(
+        self, scenario: str, body: dict[str, Any], key: str, failpoint: str
+    ) -> int:
+        """Run the naive loop until it records success (a crash means run it again)."""
+        for attempt in range(3):
+            result = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "examples.crash_matrix.naive_runner",
+                    "--database-url",
+                    self.database_url,
+                    "--target",
+                    self.target.url,
+                    "--mode",
+                    scenario,
+                    "--operation-key",
+                    key,
+                    "--body",
+                    json.dumps(body),
+                    "--failpoint",
+                    failpoint if attempt == 0 else "",
+                ],
+                cwd=ROOT,
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+            if result.returncode == 0:
+                break
+        if scenario == "transactional":
+            return self.naive_local_effects(key)
+        return self.target.count_by_body(body)
+
+
+def _create_scratch_database(admin_url: str, name: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)
+            )
+        )
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def _drop_scratch_database(admin_url: str, name: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)
+            )
+        )
+
+
+def _use_own_embedded_server(name: str = "crash-matrix") -> Path | None:
+    """Point Django at an embedded server of the rig's own, if embedded is in use.
+
+    The matrix restarts its database server on purpose; doing that to the shared
+    development server would break every other process using it. ``name`` picks the
+    instance (the benchmark uses its own, so its load never lands on the matrix's).
+    """
+    if connection.settings_dict["ENGINE"] != "effect_broker.embedded_db":
+        return None
+    from effect_broker import embedded_pg
+
+    project_dir = Path(settings.BASE_DIR) / ".effect-broker" / name
+    project_dir.mkdir(parents=True, exist_ok=True)
+    server = embedded_pg.ensure_running(project_dir)
+    connections.close_all()
+    # Host and port too: child processes get this entry as DATABASE_URL.
+    connection.settings_dict.update(
+        {
+            "EMBEDDED_PROJECT_DIR": str(project_dir),
+            "HOST": server.host,
+            "PORT": str(server.port),
+        }
+    )
+    return project_dir
+
+
+@contextmanager
+def open_rig(*, workers: int = 3, keep_database: bool = False) -> Iterator[Rig]:
+    """Create a scratch database, migrate it, start the target and the workers."""
+    own_server = _use_own_embedded_server()
+    connection.ensure_connection()  # starts the embedded server when that is in use
+    admin_url = url_from_settings(connection.settings_dict)
+    scratch = f"eb_crash_matrix_{os.getpid()}"
+    _create_scratch_database(admin_url, scratch)
+    # From here on every Django connection of this process uses the scratch database.
+    connections.close_all()
+    connection.settings_dict["NAME"] = scratch
+    workdir = Path(tempfile.mkdtemp(prefix="eb-crash-matrix-"))
+    target: TargetProcess | None = None
+    rig: Rig | None = None
+    try:
+        call_command("migrate", verbosity=0, interactive=False)
+        database_url = url_from_settings(connection.settings_dict)
+        ensure_schema(database_url)
+        target = start_target(
+            database_url,
+            settlement_delay="500ms",
+            key_retention="24h",
+            schema="crash_target",
+        )
+        contracts = write_contracts(
+            workdir / "contracts.toml", target.url, settlement_bound="1s", timeout="10s"
+        )
+        runtime.reset()
+        with runtime.override(registry=load_contracts(contracts)):
+            rig = Rig(database_url, target, contracts, workdir)
+            rig.embedded_project_dir = own_server
+            rig.pool = WorkerPool(rig.env(), workers)
+            yield rig
+    finally:
+        if rig is not None and rig.pool is not None:
+            rig.pool.stop()
+        # The target may have been restarted (target-down cells): stop the live one.
+        live = rig.target if rig is not None else target
+        if live is not None:
+            live.stop()
+        runtime.reset()
+        connections.close_all()
+        if not keep_database:
+            _drop_scratch_database(admin_url, scratch)
+        if own_server is not None:
+            from effect_broker import embedded_pg
+
+            embedded_pg.stop(own_server)
+
+
+def pause_until(deadline: float) -> None:
+    """Sleep until a monotonic deadline (no-op when it has passed)."""
+    time.sleep(max(0.0, deadline - time.monotonic()))
