@@ -1,16 +1,29 @@
 """Django admin: tenants are editable; ledger rows are read-only evidence.
 
-Operator resolution of unknown effects is an admin action that calls the resolution
-service (added with the engine); nothing here writes a ledger row directly.
+Operator resolution of unknown effects goes through ``services.resolution`` from admin
+actions and one small form; nothing here writes a ledger row directly. Who may resolve:
+users holding ``effect_broker.change_effectintent`` (the stock permission; the change
+form itself stays disabled, so the permission means "may act on effects").
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from django.contrib import admin
-from django.http import HttpRequest
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template import engines
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
 
+from effect_broker.domain.canonical import parse_json_strict
+from effect_broker.domain.errors import EffectBrokerError, InvalidJsonError
+from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import (
     EffectAttempt,
     EffectEvent,
@@ -19,6 +32,8 @@ from effect_broker.models import (
     StaleWrite,
     Tenant,
 )
+from effect_broker.services import resolution
+from effect_broker.services.resolution import RESOLVABLE, Resolution
 
 
 @admin.register(Tenant)
@@ -41,19 +56,247 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+# Inline templates: the admin keeps no template directory of its own for two pages.
+_PAGE = """{% extends "admin/base_site.html" %}
+{% block content %}<div id="content-main">
+<p>{{ intro }}</p>
+<ul>{% for e in effects %}<li><code>{{ e.operation_key }}</code> ({{ e.tenant.name }},
+{{ e.safety_class }}, <strong>{{ e.status }}</strong>)</li>{% endfor %}</ul>
+<form method="post">{% csrf_token %}
+{{ form.as_p }}
+{% for e in selected %}<input type="hidden" name="{{ checkbox_name }}" value="{{ e.pk }}">
+{% endfor %}{% if action %}<input type="hidden" name="action" value="{{ action }}">
+<input type="hidden" name="apply" value="yes">{% endif %}
+<input type="submit" value="{{ submit }}">
+</form></div>{% endblock %}
+"""
+
+
+class ReasonForm(forms.Form):
+    """The reason every resolution records in its event."""
+
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=2000)
+
+
+class ResolveForm(ReasonForm):
+    """One effect, one of the operator's three choices, with its evidence."""
+
+    resolution = forms.ChoiceField(
+        choices=[
+            (Resolution.SUCCEEDED.value, "Proof of success: mark succeeded (receipt)"),
+            (Resolution.NOT_COMMITTED.value, "Proof of non-commit: requeue"),
+            (Resolution.FAILED.value, "Mark final failure"),
+        ],
+        widget=forms.RadioSelect,
+    )
+    evidence = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 6}),
+        required=False,
+        help_text="A JSON object; required for success and non-commit. Stored "
+        "encrypted in the receipt (success) and by digest in the event.",
+    )
+    external_id = forms.CharField(required=False, max_length=500)
+    field_order = ["resolution", "reason", "evidence", "external_id"]
+
+    def clean_evidence(self) -> dict[str, Any]:
+        """Parse the evidence with the broker's strict JSON rules."""
+        raw = self.cleaned_data.get("evidence", "").strip()
+        if not raw:
+            return {}
+        try:
+            value = parse_json_strict(raw)
+        except InvalidJsonError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        if not isinstance(value, dict):
+            raise forms.ValidationError("evidence must be a JSON object")
+        return value
+
+
 @admin.register(EffectIntent)
 class EffectIntentAdmin(ReadOnlyAdmin):
     list_display = (
         "operation_key",
+        "tenant",
         "tool",
         "safety_class",
         "status",
+        "needs_operator",
         "version",
         "updated_at",
+        "resolve_link",
     )
     list_filter = ("status", "safety_class", "tool")
+    list_select_related = ("tenant",)
     search_fields = ("operation_key",)
     exclude = ("arguments_ciphertext", "downstream_key")
+    actions = ("request_reconciliation", "resolve_mark_failed")
+
+    @admin.display(boolean=True, description="needs operator")
+    def needs_operator(self, obj: EffectIntent) -> bool:
+        """Unsafe outcome_unknown or manual_review: nothing automatic will settle it."""
+        return obj.status == EffectStatus.MANUAL_REVIEW or (
+            obj.status == EffectStatus.OUTCOME_UNKNOWN
+            and obj.safety_class == SafetyClass.UNSAFE
+        )
+
+    @admin.display(description="resolve")
+    def resolve_link(self, obj: EffectIntent) -> str:
+        """A link to the resolution form for effects an operator may resolve."""
+        if obj.status not in RESOLVABLE:
+            return ""
+        url = reverse("admin:effect_broker_effectintent_resolve", args=[obj.pk])
+        return format_html('<a href="{}">resolve…</a>', url)
+
+    def has_resolve_permission(self, request: HttpRequest) -> bool:
+        """Resolution is a privileged act: the stock change permission grants it."""
+        return request.user.has_perm("effect_broker.change_effectintent")
+
+    def get_urls(self) -> list[URLPattern]:
+        """Add ``<id>/resolve/`` before the stock catch-all ``<id>/`` routes."""
+        resolve = path(
+            "<uuid:effect_id>/resolve/",
+            self.admin_site.admin_view(self.resolve_view),
+            name="effect_broker_effectintent_resolve",
+        )
+        return [resolve, *super().get_urls()]
+
+    @admin.action(description="Request reconciliation", permissions=["resolve"])
+    def request_reconciliation(
+        self, request: HttpRequest, queryset: QuerySet[EffectIntent]
+    ) -> None:
+        """Defer reconcile jobs; unsafe unknown effects are refused with advice."""
+        deferred, idle, refused = 0, 0, []
+        for intent in queryset.select_related("tenant"):
+            try:
+                asked = resolution.request_reconciliation(
+                    intent.tenant,
+                    str(intent.pk),
+                    requested_by=f"admin:{request.user.get_username()}",
+                )
+            except EffectBrokerError as exc:
+                refused.append(f"{intent.operation_key}: {exc}")
+                continue
+            deferred, idle = deferred + asked.deferred, idle + (not asked.deferred)
+        if deferred:
+            self.message_user(request, f"Reconciliation requested for {deferred}.")
+        if idle:
+            self.message_user(
+                request,
+                f"{idle} not reconciled: only outcome_unknown effects are.",
+                messages.WARNING,
+            )
+        _report_refusals(self, request, refused)
+
+    @admin.action(description="Resolve: mark failed", permissions=["resolve"])
+    def resolve_mark_failed(
+        self, request: HttpRequest, queryset: QuerySet[EffectIntent]
+    ) -> HttpResponse | None:
+        """Ask for a reason, then mark each selected effect FAILED_FINAL."""
+        effects = list(queryset.select_related("tenant"))
+        form = ReasonForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return self._page(
+                request,
+                form,
+                title="Resolve: mark failed",
+                intro="Mark these effects as finally failed. They will never be "
+                "dispatched again and get no receipt.",
+                effects=effects,
+                action="resolve_mark_failed",
+                submit="Mark failed",
+            )
+        done, refused = 0, []
+        for intent in effects:
+            try:
+                resolution.resolve_failed(
+                    intent.tenant,
+                    str(intent.pk),
+                    operator=request.user.get_username(),
+                    reason=form.cleaned_data["reason"],
+                )
+            except EffectBrokerError as exc:
+                refused.append(f"{intent.operation_key}: {exc}")
+                continue
+            done += 1
+        if done:
+            self.message_user(request, f"Marked {done} effect(s) failed.")
+        _report_refusals(self, request, refused)
+        return None
+
+    def resolve_view(self, request: HttpRequest, effect_id: Any) -> HttpResponse:
+        """Resolve one effect: success or non-commit with evidence, or failure."""
+        if not self.has_resolve_permission(request):
+            raise PermissionDenied
+        intent = (
+            EffectIntent.objects.select_related("tenant").filter(pk=effect_id).first()
+        )
+        if intent is None:
+            raise Http404("no such effect")
+        form = ResolveForm(request.POST if request.method == "POST" else None)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                after = resolution.resolve(
+                    intent.tenant,
+                    str(intent.pk),
+                    data["resolution"],
+                    operator=request.user.get_username(),
+                    reason=data["reason"],
+                    evidence=data["evidence"],
+                    external_id=data["external_id"] or None,
+                )
+            except EffectBrokerError as exc:
+                form.add_error(None, f"[{exc.code}] {exc}")
+            else:
+                self.message_user(
+                    request,
+                    f"{intent.operation_key}: {intent.status} -> {after.status.value}",
+                )
+                return HttpResponseRedirect(
+                    reverse("admin:effect_broker_effectintent_change", args=[intent.pk])
+                )
+        return self._page(
+            request,
+            form,
+            title=f"Resolve {intent.operation_key}",
+            intro="There is no 'retry anyway': requeue only with evidence that the "
+            "target never applied the request.",
+            effects=[intent],
+            action="",
+            submit="Resolve",
+        )
+
+    def _page(
+        self,
+        request: HttpRequest,
+        form: forms.Form,
+        *,
+        title: str,
+        intro: str,
+        effects: list[EffectIntent],
+        action: str,
+        submit: str,
+    ) -> HttpResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": title,
+            "intro": intro,
+            "form": form,
+            "effects": effects,
+            "selected": effects if action else [],
+            "checkbox_name": ACTION_CHECKBOX_NAME,
+            "action": action,
+            "submit": submit,
+        }
+        return HttpResponse(engines["django"].from_string(_PAGE).render(context, request))
+
+
+def _report_refusals(
+    model_admin: admin.ModelAdmin, request: HttpRequest, refused: Iterable[str]
+) -> None:
+    for line in refused:
+        model_admin.message_user(request, f"Refused: {line}", messages.ERROR)
 
 
 @admin.register(EffectAttempt)

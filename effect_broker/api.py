@@ -14,7 +14,7 @@ from typing import Any
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, HttpResponse
-from ninja import NinjaAPI, Query, Schema, Status
+from ninja import Field, NinjaAPI, Query, Schema, Status
 from ninja.errors import AuthenticationError as NinjaAuthenticationError
 from ninja.errors import HttpError
 from ninja.errors import ValidationError as NinjaValidationError
@@ -32,6 +32,8 @@ from effect_broker.domain.errors import (
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus
 from effect_broker.models import Tenant
+from effect_broker.services import resolution
+from effect_broker.services.resolution import Resolution
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import authenticate
 
@@ -39,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
 MAX_BODY_BYTES = 256 * 1024
+_PROBLEM_MEMBERS = frozenset({"type", "title", "status", "code", "detail"})
 
 
 class StrictJsonParser(Parser):
@@ -87,7 +90,12 @@ def problem(status: int, code: str, detail: str, **extra: object) -> HttpRespons
 
 @api.exception_handler(EffectBrokerError)
 def _domain_error(request: HttpRequest, exc: EffectBrokerError) -> HttpResponse:
-    safe = {k: v for k, v in exc.details.items() if isinstance(v, str | int | bool)}
+    # A detail named like a problem member (e.g. "status") must not replace it.
+    safe = {
+        k: v
+        for k, v in exc.details.items()
+        if isinstance(v, str | int | bool) and k not in _PROBLEM_MEMBERS
+    }
     return problem(exc.http_status, exc.code, str(exc), **safe)
 
 
@@ -219,6 +227,159 @@ def list_effects(
         limit=filters.limit,
     )
     return [_effect_out(r) for r in records]
+
+
+class ResolveIn(Schema):
+    """POST /v1/effects/{id}/resolve body: one of the operator's three choices."""
+
+    resolution: Resolution
+    reason: str
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    external_id: str | None = None
+    operator: str
+
+
+class ReconcileOut(EffectOut):
+    """The effect, and whether a reconcile job was deferred for it."""
+
+    reconcile_requested: bool
+
+
+class EventOut(Schema):
+    """One stored transition event."""
+
+    sequence: int
+    event_type: str
+    old_status: str | None
+    new_status: str
+    version: int
+    actor: str
+    occurred_at: datetime
+    metadata: dict[str, Any]
+    digest: str
+
+
+class HistoryOut(Schema):
+    """The effect folded from its verified event chain up to ``at_sequence``."""
+
+    effect_id: str
+    at_sequence: int
+    latest_sequence: int
+    status: str
+    version: int
+    chain_verified: bool
+    events: list[EventOut]
+
+
+class ReceiptOut(Schema):
+    """An immutable terminal receipt, result included (the caller's own data)."""
+
+    receipt_id: str
+    effect_id: str
+    external_id: str | None
+    result: dict[str, Any]
+    result_preview: dict[str, Any]
+    evidence_digest: str
+    target_timestamp: datetime | None
+    contract_version: str
+    downstream_key_digest: str
+    created_at: datetime
+
+
+@api.get(
+    "/v1/effects/{effect_id}/history",
+    auth=ApiKeyAuth(),
+    response=HistoryOut,
+    summary="Fold the verified event chain; inspect state at an optional event sequence",
+)
+def effect_history(
+    request: HttpRequest, effect_id: str, at_sequence: int | None = None
+) -> dict[str, Any]:
+    folded = resolution.history(request.auth, _uuid(effect_id), at_sequence)
+    return {
+        "effect_id": folded.effect_id,
+        "at_sequence": folded.at_sequence,
+        "latest_sequence": folded.latest_sequence,
+        "status": folded.status.value,
+        "version": folded.version,
+        # history() raises event_chain_broken rather than return an unverified chain.
+        "chain_verified": True,
+        "events": [
+            {
+                "sequence": e.facts.sequence,
+                "event_type": e.facts.event_type,
+                "old_status": e.facts.old_status,
+                "new_status": e.facts.new_status,
+                "version": e.facts.version,
+                "actor": e.facts.actor,
+                "occurred_at": e.facts.occurred_at,
+                "metadata": dict(e.facts.metadata),
+                "digest": e.digest.hex(),
+            }
+            for e in folded.events
+        ],
+    }
+
+
+@api.get(
+    "/v1/effects/{effect_id}/receipt",
+    auth=ApiKeyAuth(),
+    response=ReceiptOut,
+    summary="Return the immutable terminal receipt (404 while there is none)",
+)
+def effect_receipt(request: HttpRequest, effect_id: str) -> dict[str, Any]:
+    receipt = resolution.get_receipt(request.auth, _uuid(effect_id))
+    return {
+        "receipt_id": receipt.receipt_id,
+        "effect_id": receipt.effect_id,
+        "external_id": receipt.external_id,
+        "result": dict(receipt.result),
+        "result_preview": dict(receipt.result_preview),
+        "evidence_digest": receipt.evidence_digest,
+        "target_timestamp": receipt.target_timestamp,
+        "contract_version": receipt.contract_version,
+        "downstream_key_digest": receipt.downstream_key_digest,
+        "created_at": receipt.created_at,
+    }
+
+
+@api.post(
+    "/v1/effects/{effect_id}/reconcile",
+    auth=ApiKeyAuth(),
+    response={200: ReconcileOut, 202: ReconcileOut},
+    summary="Request reconciliation (202 deferred, 200 nothing to do); never forces an "
+    "unsafe retry (409)",
+)
+def reconcile_effect(request: HttpRequest, effect_id: str) -> Status[dict[str, Any]]:
+    asked = resolution.request_reconciliation(
+        request.auth, _uuid(effect_id), requested_by="api"
+    )
+    return Status(
+        202 if asked.deferred else 200,
+        {**_effect_out(asked.effect), "reconcile_requested": asked.deferred},
+    )
+
+
+@api.post(
+    "/v1/effects/{effect_id}/resolve",
+    auth=ApiKeyAuth(),
+    response=EffectOut,
+    summary="Operator resolution: proof of success, proof of non-commit (requeue where "
+    "the contract permits), or final failure",
+)
+def resolve_effect(
+    request: HttpRequest, effect_id: str, body: ResolveIn
+) -> dict[str, Any]:
+    record = resolution.resolve(
+        request.auth,
+        _uuid(effect_id),
+        body.resolution,
+        operator=body.operator,
+        reason=body.reason,
+        evidence=body.evidence,
+        external_id=body.external_id,
+    )
+    return _effect_out(record)
 
 
 def _uuid(value: str) -> str:

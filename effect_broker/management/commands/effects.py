@@ -1,0 +1,255 @@
+"""``effect-broker effects list|inspect|reconcile|resolve``: the operator's console.
+
+This is a privileged local tool: whoever can run it can read the database, so it acts
+across tenants. ``list`` shows every tenant unless ``--tenant`` narrows it, and the other
+actions look up the tenant that owns the effect themselves (no ``--tenant`` needed). The
+HTTP API, by contrast, only ever sees the caller's own tenant.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from effect_broker.domain.canonical import canonical_json, parse_json_strict
+from effect_broker.domain.errors import InvalidRequestError
+from effect_broker.domain.states import EffectStatus
+from effect_broker.services import resolution
+from effect_broker.services.runtime import get_runtime
+
+_STATUSES = [s.value for s in EffectStatus]
+
+
+class Command(BaseCommand):
+    help = (
+        "Operate on effects across tenants: list them, inspect an effect's state and "
+        "event history (optionally as of an event sequence), request reconciliation, "
+        "or resolve an unknown outcome with one of three explicit choices. The tenant "
+        "of an effect is looked up from its id; this is a privileged local tool."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+        listing = sub.add_parser(
+            "list",
+            help="list effects, newest first",
+            description="List effects across tenants, newest first. An effect marked "
+            "'*' needs an operator: nothing automatic will settle it.",
+        )
+        listing.add_argument("--tenant", metavar="NAME", help="only this tenant")
+        listing.add_argument(
+            "--status", choices=_STATUSES, help="only this status, e.g. outcome_unknown"
+        )
+        listing.add_argument("--tool", metavar="T", help="only this tool")
+        listing.add_argument(
+            "--limit", type=int, default=50, metavar="N", help="at most N rows (max 500)"
+        )
+
+        inspect = sub.add_parser(
+            "inspect",
+            help="show an effect's state and verified event history",
+            description="Fold the stored events (verifying their digest chain) into the "
+            "effect's state. Read-only: no adapter or target is ever called.",
+        )
+        inspect.add_argument("effect_id")
+        inspect.add_argument(
+            "--at-sequence",
+            type=int,
+            metavar="N",
+            help="show the state as it was after event N",
+        )
+
+        reconcile = sub.add_parser(
+            "reconcile",
+            help="request reconciliation of an unknown outcome",
+            description="Defer a reconcile job for an outcome_unknown effect. Unsafe "
+            "effects are refused: no probe can settle them and they are never resent "
+            "automatically; resolve them instead.",
+        )
+        reconcile.add_argument("effect_id")
+
+        resolve = sub.add_parser(
+            "resolve",
+            help="resolve an outcome_unknown or manual_review effect",
+            description="Resolve an effect an operator has investigated (the tenant is\n"
+            "looked up from the id). There is no 'retry anyway': --not-committed\n"
+            "requeues only with evidence that the target never applied the request,\n"
+            "and only if the contract's retry limit allows another attempt.",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog="examples:\n"
+            "  effect-broker effects resolve ID --succeeded --reason 'charge in the "
+            "dashboard' \\\n"
+            '      --evidence \'{"charge_id": "ch_1"}\' --external-id ch_1 '
+            "--operator alice\n"
+            "  effect-broker effects resolve ID --failed --reason 'customer cancelled' "
+            "--operator bob",
+        )
+        resolve.add_argument("effect_id")
+        choice = resolve.add_mutually_exclusive_group(required=True)
+        choice.add_argument(
+            "--succeeded",
+            dest="resolution",
+            action="store_const",
+            const=resolution.Resolution.SUCCEEDED.value,
+            help="proof of success: settle with a receipt (needs --evidence)",
+        )
+        choice.add_argument(
+            "--not-committed",
+            dest="resolution",
+            action="store_const",
+            const=resolution.Resolution.NOT_COMMITTED.value,
+            help="proof the target never applied it: requeue (needs --evidence)",
+        )
+        choice.add_argument(
+            "--failed",
+            dest="resolution",
+            action="store_const",
+            const=resolution.Resolution.FAILED.value,
+            help="mark final failure: never dispatched again",
+        )
+        resolve.add_argument(
+            "--reason", required=True, metavar="TEXT", help="why; recorded in the event"
+        )
+        resolve.add_argument(
+            "--evidence",
+            metavar="JSON",
+            help="a JSON object; stored encrypted (succeeded) and by digest in the event",
+        )
+        resolve.add_argument("--external-id", metavar="X", help="the target's object id")
+        resolve.add_argument(
+            "--operator", required=True, metavar="NAME", help="who is resolving"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        if action == "list":
+            self._list(options)
+        elif action == "inspect":
+            self._inspect(options["effect_id"], options["at_sequence"])
+        elif action == "reconcile":
+            self._reconcile(options["effect_id"])
+        else:
+            self._resolve(options)
+
+    def _list(self, options: dict[str, Any]) -> None:
+        rows = resolution.list_for_operators(
+            tenant_name=options["tenant"],
+            status=EffectStatus(options["status"]) if options["status"] else None,
+            tool=options["tool"],
+            limit=options["limit"],
+        )
+        now = get_runtime().clock.now()
+        table = [("ID", "TENANT", "OPERATION KEY", "TOOL", "SAFETY", "STATUS", "AGE")]
+        for row in rows:
+            effect = row.effect
+            table.append(
+                (
+                    effect.effect_id,
+                    row.tenant_name,
+                    effect.operation_key,
+                    effect.tool,
+                    effect.safety.value,
+                    effect.status.value + (" *" if row.needs_operator else ""),
+                    _age(now, effect.created_at),
+                )
+            )
+        widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+        for line in table:
+            self.stdout.write(
+                "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+            )
+        if not rows:
+            self.stdout.write("(no effects)")
+        elif any(row.needs_operator for row in rows):
+            self.stdout.write("* needs an operator: effect-broker effects resolve ID ...")
+
+    def _inspect(self, effect_id: str, at_sequence: int | None) -> None:
+        tenant = resolution.tenant_of(effect_id)
+        record = resolution.get_effect(tenant, effect_id)
+        folded = resolution.history(tenant, effect_id, at_sequence)
+        as_of = (
+            "now"
+            if folded.at_sequence == folded.latest_sequence
+            else f"as of event {folded.at_sequence} of {folded.latest_sequence}"
+        )
+        self.stdout.write(f"effect     {record.effect_id}")
+        self.stdout.write(f"tenant     {tenant.name}")
+        self.stdout.write(f"operation  {record.operation_key}")
+        self.stdout.write(f"tool       {record.tool}")
+        self.stdout.write(
+            f"contract   {record.contract_name}@{record.contract_version} "
+            f"({record.safety.value})"
+        )
+        self.stdout.write(
+            f"status     {folded.status.value} (version {folded.version}, {as_of})"
+        )
+        if folded.at_sequence == folded.latest_sequence:
+            self.stdout.write(f"attempts   {record.attempt_count}")
+            if record.receipt_id:
+                self.stdout.write(f"receipt    {record.receipt_id}")
+            if resolution.needs_operator(record):
+                self.stdout.write(
+                    "needs      an operator (effect-broker effects resolve)"
+                )
+        self.stdout.write(f"chain      verified ({folded.latest_sequence} events)")
+        self.stdout.write("")
+        for event in folded.events:
+            facts = event.facts
+            move = f"{facts.old_status or '-'} -> {facts.new_status}"
+            meta = canonical_json(dict(facts.metadata)).decode() if facts.metadata else ""
+            self.stdout.write(
+                f"{facts.sequence:>4}  {facts.occurred_at:%Y-%m-%dT%H:%M:%SZ}  "
+                f"{facts.event_type:<26} {move:<34} {facts.actor}  {meta}".rstrip()
+            )
+
+    def _reconcile(self, effect_id: str) -> None:
+        tenant = resolution.tenant_of(effect_id)
+        asked = resolution.request_reconciliation(tenant, effect_id, requested_by="cli")
+        status = asked.effect.status.value
+        if asked.deferred:
+            self.stdout.write(f"reconcile requested for {effect_id} (status {status})")
+        else:
+            self.stdout.write(f"nothing to reconcile: {effect_id} is {status}")
+
+    def _resolve(self, options: dict[str, Any]) -> None:
+        evidence: dict[str, Any] = {}
+        if options["evidence"] is not None:
+            parsed = parse_json_strict(options["evidence"])
+            if not isinstance(parsed, dict):
+                raise InvalidRequestError("--evidence must be a JSON object")
+            evidence = parsed
+        effect_id = options["effect_id"]
+        tenant = resolution.tenant_of(effect_id)
+        before = resolution.get_effect(tenant, effect_id).status.value
+        after = resolution.resolve(
+            tenant,
+            effect_id,
+            options["resolution"],
+            operator=options["operator"],
+            reason=options["reason"],
+            evidence=evidence,
+            external_id=options["external_id"],
+        )
+        line = f"resolved {after.effect_id}: {before} -> {after.status.value}"
+        if after.receipt_id:
+            line += f" (receipt {after.receipt_id})"
+        if after.status is EffectStatus.PREPARED:
+            line += " (requeued for dispatch)"
+        self.stdout.write(line)
+
+
+def _age(now: datetime, then: datetime) -> str:
+    seconds = max(0, int((now - then) / timedelta(seconds=1)))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes}m"
+    if minutes:
+        return f"{minutes}m{seconds}s"
+    return f"{seconds}s"

@@ -1,0 +1,470 @@
+"""Operator resolution, history and receipts (services.resolution) on the real ledger.
+
+Spec "HTTP, CLI, and MCP surfaces": three explicit choices, no "retry anyway" for unsafe
+effects. Negative tests assert that nothing changed: status, version, events, receipts,
+scheduled jobs and requests at the target.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from effect_broker import store
+from effect_broker.adapters.simulated_adapter import Fault
+from effect_broker.domain.canonical import canonical_json
+from effect_broker.domain.errors import (
+    EffectNotFoundError,
+    IllegalTransitionError,
+    InvalidRequestError,
+    StaleWriteError,
+    TenantNotFoundError,
+)
+from effect_broker.domain.keys import digest_hex
+from effect_broker.domain.payload_crypto import REDACTED
+from effect_broker.domain.records import EffectRecord
+from effect_broker.domain.states import EffectStatus, SafetyClass
+from effect_broker.models import EffectReceipt
+from effect_broker.services import resolution
+from effect_broker.services.dispatch import dispatch
+from effect_broker.services.reconcile import reconcile
+from effect_broker.store import load_effect_for_worker, load_events, verify_event_chain
+from tests.integration.engine.harness import Bench, engine_bench
+
+S = EffectStatus
+IDEMPOTENT = SafetyClass.IDEMPOTENT
+UNSAFE = SafetyClass.UNSAFE
+PROOF = {"charge_id": "ch_777", "seen_in": "dashboard", "note": "secret-card-4242"}
+
+
+@pytest.fixture
+def bench(db: None) -> Iterator[Bench]:
+    with engine_bench() as b:
+        yield b
+
+
+def unknown(
+    bench: Bench, safety: SafetyClass, fault: Fault = Fault.LOSE_RESPONSE
+) -> EffectRecord:
+    """An effect whose dispatch ended in OUTCOME_UNKNOWN."""
+    record = bench.submit(safety)
+    bench.targets[safety].inject(fault)
+    after = dispatch(record.effect_id, worker="w1")
+    assert after.status is S.OUTCOME_UNKNOWN
+    return after
+
+
+def in_manual_review(bench: Bench) -> EffectRecord:
+    """An idempotent effect whose key retention lapsed while its outcome was unknown."""
+    record = unknown(bench, IDEMPOTENT, Fault.TIMEOUT_BEFORE_COMMIT)
+    bench.advance(3600 - 30)  # inside the retention safety margin
+    after = reconcile(record.effect_id, worker="w2")
+    assert after.status is S.MANUAL_REVIEW
+    return after
+
+
+def snapshot(bench: Bench, record: EffectRecord) -> tuple[object, ...]:
+    """Everything a refused resolution must leave exactly as it was."""
+    now = load_effect_for_worker(record.effect_id)
+    target = bench.targets.get(record.safety)
+    return (
+        now.status,
+        now.version,
+        now.attempt_count,
+        now.next_action_at,
+        len(load_events(record.effect_id)),
+        EffectReceipt.objects.filter(effect_id=record.effect_id).count(),
+        len(bench.scheduler.requests),
+        target.requests if target else None,
+    )
+
+
+def tail(record: EffectRecord, n: int) -> list[tuple[str, str | None, str, str]]:
+    events = load_events(record.effect_id)[-n:]
+    return [
+        (e.facts.event_type, e.facts.old_status, e.facts.new_status, e.facts.actor)
+        for e in events
+    ]
+
+
+# --- proof of success -------------------------------------------------------------
+
+
+def test_success_from_unknown_passes_review_and_writes_exactly_one_receipt(
+    bench, caplog
+) -> None:
+    # Given an unsafe effect whose response was lost after the target committed
+    record = unknown(bench, UNSAFE)
+    jobs_before = list(bench.scheduler.requests)
+    caplog.set_level(logging.INFO, logger="effect_broker")
+    # When an operator attaches proof of success
+    done = resolution.resolve_succeeded(
+        bench.tenant,
+        record.effect_id,
+        operator="alice",
+        reason="charge visible in the dashboard",
+        evidence=PROOF,
+        external_id="ch_777",
+    )
+    # Then two events in one go (there is no direct edge out of outcome_unknown) ...
+    assert done.status is S.SUCCEEDED
+    assert done.version == record.version + 2
+    assert tail(done, 2) == [
+        ("operator_review_started", "outcome_unknown", "manual_review", "alice"),
+        ("resolved_succeeded", "manual_review", "succeeded", "alice"),
+    ]
+    final = load_events(done.effect_id)[-1].facts.metadata
+    digest = digest_hex(canonical_json(PROOF))
+    assert final["reason"] == "charge visible in the dashboard"
+    assert final["evidence_digest"] == digest
+    assert final["receipt_id"] == done.receipt_id
+    assert verify_event_chain(done.effect_id) == done.version
+    # ... exactly one receipt, the evidence encrypted as its result
+    receipt_row = EffectReceipt.objects.get(effect_id=done.effect_id)
+    assert str(receipt_row.id) == done.receipt_id
+    assert receipt_row.evidence_digest == digest
+    assert b"secret-card-4242" not in bytes(receipt_row.result_ciphertext)
+    receipt = resolution.get_receipt(bench.tenant, done.effect_id)
+    assert receipt.result == PROOF
+    assert receipt.external_id == "ch_777"
+    assert receipt.result_preview["note"] == REDACTED
+    # ... nothing was sent or scheduled, and raw evidence is in no event and no log
+    assert bench.targets[UNSAFE].requests == 1
+    assert bench.scheduler.requests == jobs_before
+    stored = json.dumps([dict(e.facts.metadata) for e in load_events(done.effect_id)])
+    assert "secret-card-4242" not in stored
+    resolved_logs = [r for r in caplog.records if r.getMessage() == "operator resolution"]
+    assert [r.__dict__["evidence_digest"] for r in resolved_logs] == [digest]
+    assert all("secret-card-4242" not in str(r.__dict__) for r in caplog.records)
+
+
+def test_success_from_manual_review_is_one_event(bench) -> None:
+    record = in_manual_review(bench)
+    done = resolution.resolve_succeeded(
+        bench.tenant, record.effect_id, operator="bob", reason="found it", evidence=PROOF
+    )
+    assert done.version == record.version + 1
+    assert tail(done, 1) == [("resolved_succeeded", "manual_review", "succeeded", "bob")]
+    assert EffectReceipt.objects.filter(effect_id=done.effect_id).count() == 1
+
+
+@pytest.mark.parametrize(
+    ("operator", "reason", "evidence"),
+    [("alice", "seen", {}), ("alice", "  ", PROOF), ("", "seen", PROOF)],
+    ids=["no-evidence", "blank-reason", "no-operator"],
+)
+def test_success_without_proof_reason_or_operator_is_refused(
+    bench, operator, reason, evidence
+) -> None:
+    record = unknown(bench, UNSAFE)
+    before = snapshot(bench, record)
+    with pytest.raises(InvalidRequestError):
+        resolution.resolve_succeeded(
+            bench.tenant,
+            record.effect_id,
+            operator=operator,
+            reason=reason,
+            evidence=evidence,
+        )
+    assert snapshot(bench, record) == before
+
+
+# --- proof of non-commit ------------------------------------------------------------
+
+
+def test_unsafe_not_committed_with_evidence_requeues_and_applies_once(bench) -> None:
+    # Given an unsafe request that reached the target, committed nothing, got no answer
+    record = unknown(bench, UNSAFE, Fault.TIMEOUT_BEFORE_COMMIT)
+    assert bench.target_rows(record) == 0
+    # When an operator attests, with evidence, that the target never applied it
+    requeued = resolution.resolve_not_committed(
+        bench.tenant,
+        record.effect_id,
+        operator="carol",
+        reason="no charge in the target's export",
+        evidence={"export": "charges-2026-06-01.csv", "rows_for_ref": 0},
+    )
+    # Then it is PREPARED with a dispatch job deferred in the same transaction
+    assert requeued.status is S.PREPARED
+    assert requeued.next_action_at == bench.clock.now()
+    assert bench.scheduler.requests[-1] == ("dispatch", record.effect_id, None)
+    assert tail(requeued, 2) == [
+        ("operator_review_started", "outcome_unknown", "manual_review", "carol"),
+        ("resolved_not_committed", "manual_review", "prepared", "carol"),
+    ]
+    assert verify_event_chain(record.effect_id) == requeued.version
+    # And the one resend happens once
+    assert dispatch(record.effect_id, worker="w2").status is S.SUCCEEDED
+    assert bench.target_rows(record) == 1
+
+
+@pytest.mark.parametrize(
+    ("reason", "evidence"),
+    [("nothing there", {}), ("", {"export": "x"})],
+    ids=["empty-evidence", "empty-reason"],
+)
+def test_unsafe_not_committed_without_evidence_is_refused_and_nothing_changes(
+    bench, reason, evidence
+) -> None:
+    record = unknown(bench, UNSAFE, Fault.TIMEOUT_BEFORE_COMMIT)
+    before = snapshot(bench, record)
+    with pytest.raises(InvalidRequestError):
+        resolution.resolve_not_committed(
+            bench.tenant,
+            record.effect_id,
+            operator="carol",
+            reason=reason,
+            evidence=evidence,
+        )
+    assert snapshot(bench, record) == before
+    # A redelivered dispatch job still does not resend it
+    assert dispatch(record.effect_id, worker="w2").status is S.OUTCOME_UNKNOWN
+    assert bench.targets[UNSAFE].requests == 1
+
+
+def test_not_committed_past_the_retry_limit_is_refused_with_advice(bench) -> None:
+    # Given an unsafe effect that used all 4 attempts (retry_limit = 3), the last unknown
+    record = bench.submit(UNSAFE)
+    bench.targets[UNSAFE].inject(Fault.REJECT, times=3)
+    for _ in range(3):
+        dispatch(record.effect_id, worker="w1")
+        bench.advance(120)
+    bench.targets[UNSAFE].inject(Fault.TIMEOUT_BEFORE_COMMIT)
+    last = dispatch(record.effect_id, worker="w1")
+    assert (last.status, last.attempt_count) == (S.OUTCOME_UNKNOWN, 4)
+    before = snapshot(bench, record)
+    # When an operator proves non-commit, the contract does not permit a fifth attempt
+    with pytest.raises(IllegalTransitionError) as refused:
+        resolution.resolve_not_committed(
+            bench.tenant,
+            record.effect_id,
+            operator="dave",
+            reason="not in the export",
+            evidence={"export": "x"},
+        )
+    assert refused.value.details["refusal"] == "retry_limit_reached"
+    assert "resolve it as failed" in str(refused.value)
+    assert snapshot(bench, record) == before
+    # And the advice works
+    failed = resolution.resolve_failed(
+        bench.tenant, record.effect_id, operator="dave", reason="budget spent"
+    )
+    assert failed.status is S.FAILED_FINAL
+    assert bench.targets[UNSAFE].requests == 4
+
+
+def test_idempotent_past_retention_not_committed_resends_once(bench) -> None:
+    record = in_manual_review(bench)
+    requeued = resolution.resolve_not_committed(
+        bench.tenant,
+        record.effect_id,
+        operator="erin",
+        reason="target has no row for the key",
+        evidence={"lookup": "none"},
+    )
+    assert requeued.status is S.PREPARED
+    assert tail(requeued, 1) == [
+        ("resolved_not_committed", "manual_review", "prepared", "erin")
+    ]
+    assert dispatch(record.effect_id, worker="w3").status is S.SUCCEEDED
+    assert bench.target_rows(record) == 1
+
+
+# --- final failure ----------------------------------------------------------------
+
+
+def test_failed_from_unknown_is_final_without_a_receipt(bench) -> None:
+    record = unknown(bench, IDEMPOTENT, Fault.TIMEOUT_BEFORE_COMMIT)
+    jobs_before = list(bench.scheduler.requests)
+    failed = resolution.resolve_failed(
+        bench.tenant, record.effect_id, operator="frank", reason="customer cancelled"
+    )
+    assert failed.status is S.FAILED_FINAL
+    assert tail(failed, 2) == [
+        ("operator_review_started", "outcome_unknown", "manual_review", "frank"),
+        ("resolved_failed", "manual_review", "failed_final", "frank"),
+    ]
+    assert load_events(record.effect_id)[-1].facts.metadata == {
+        "reason": "customer cancelled"
+    }
+    assert bench.scheduler.requests == jobs_before
+    with pytest.raises(EffectNotFoundError, match="no receipt"):
+        resolution.get_receipt(bench.tenant, record.effect_id)
+    # The reconcile job that was already queued finds nothing to do
+    assert reconcile(record.effect_id, worker="w2").status is S.FAILED_FINAL
+    assert bench.targets[IDEMPOTENT].requests == 1
+
+
+# --- refusals ---------------------------------------------------------------------
+
+
+def _attempt(bench: Bench, record: EffectRecord, choice: resolution.Resolution) -> None:
+    resolution.resolve(
+        bench.tenant,
+        record.effect_id,
+        choice,
+        operator="mallory",
+        reason="because",
+        evidence={"anything": True},
+    )
+
+
+@pytest.mark.parametrize("choice", list(resolution.Resolution))
+def test_resolution_of_a_prepared_effect_is_refused(bench, choice) -> None:
+    record = bench.submit(UNSAFE)
+    before = snapshot(bench, record)
+    with pytest.raises(IllegalTransitionError) as refused:
+        _attempt(bench, record, choice)
+    assert refused.value.details["refusal"] == "not_resolvable"
+    assert "prepared" in str(refused.value)
+    assert snapshot(bench, record) == before
+
+
+@pytest.mark.parametrize("choice", list(resolution.Resolution))
+def test_a_settled_effect_is_never_resolved_again(bench, choice) -> None:
+    record = unknown(bench, UNSAFE)
+    resolution.resolve_succeeded(
+        bench.tenant, record.effect_id, operator="alice", reason="seen", evidence=PROOF
+    )
+    before = snapshot(bench, record)
+    with pytest.raises(IllegalTransitionError) as refused:
+        _attempt(bench, record, choice)
+    assert refused.value.details["refusal"] == "already_settled"
+    assert snapshot(bench, record) == before
+    assert EffectReceipt.objects.filter(effect_id=record.effect_id).count() == 1
+
+
+def test_an_unknown_resolution_name_is_refused(bench) -> None:
+    record = unknown(bench, UNSAFE)
+    with pytest.raises(InvalidRequestError, match="retry_anyway"):
+        resolution.resolve(
+            bench.tenant,
+            record.effect_id,
+            "retry_anyway",
+            operator="mallory",
+            reason="yolo",
+        )
+
+
+def test_everything_is_tenant_scoped(bench, other_tenant) -> None:
+    record = unknown(bench, UNSAFE)
+    before = snapshot(bench, record)
+    calls = [
+        lambda: resolution.resolve_succeeded(
+            other_tenant, record.effect_id, operator="x", reason="y", evidence=PROOF
+        ),
+        lambda: resolution.resolve_not_committed(
+            other_tenant, record.effect_id, operator="x", reason="y", evidence=PROOF
+        ),
+        lambda: resolution.resolve_failed(
+            other_tenant, record.effect_id, operator="x", reason="y"
+        ),
+        lambda: resolution.request_reconciliation(other_tenant, record.effect_id),
+        lambda: resolution.history(other_tenant, record.effect_id),
+        lambda: resolution.get_receipt(other_tenant, record.effect_id),
+        lambda: resolution.get_effect(other_tenant, "not-a-uuid"),
+    ]
+    for call in calls:
+        with pytest.raises(EffectNotFoundError):
+            call()
+    assert snapshot(bench, record) == before
+
+
+def test_a_concurrent_write_refuses_the_resolution_and_writes_nothing(
+    bench, monkeypatch
+) -> None:
+    # Given the operator read the effect, and then another writer moved it on
+    record = unknown(bench, UNSAFE)
+    store.touch(record, event_type="test_bump", actor="other", now=bench.clock.now())
+    before = snapshot(bench, record)
+    # (simulate the read-then-write race: the service sees the operator's stale read)
+    monkeypatch.setattr(store, "get_effect", lambda tenant_id, effect_id: record)
+    # When the resolution is written, the fence refuses it and nothing of it lands
+    with pytest.raises(StaleWriteError):
+        resolution.resolve_succeeded(
+            bench.tenant, record.effect_id, operator="alice", reason="r", evidence=PROOF
+        )
+    assert snapshot(bench, record) == before
+
+
+# --- reconciliation requests ------------------------------------------------------
+
+
+def test_reconciliation_request_defers_a_job_for_a_non_unsafe_unknown(bench) -> None:
+    record = unknown(bench, IDEMPOTENT)
+    asked = resolution.request_reconciliation(bench.tenant, record.effect_id)
+    assert asked.deferred is True
+    assert asked.effect.status is S.OUTCOME_UNKNOWN
+    assert bench.scheduler.requests[-1] == ("reconcile", record.effect_id, None)
+    assert reconcile(record.effect_id, worker="w2").status is S.SUCCEEDED
+    assert bench.target_rows(record) == 1
+
+
+def test_reconciliation_of_an_unsafe_unknown_is_refused_never_retried(bench) -> None:
+    record = unknown(bench, UNSAFE)
+    before = snapshot(bench, record)
+    with pytest.raises(IllegalTransitionError) as refused:
+        resolution.request_reconciliation(bench.tenant, record.effect_id)
+    assert refused.value.details["refusal"] == "operator_required"
+    assert "an operator must resolve it" in str(refused.value)
+    assert snapshot(bench, record) == before
+
+
+@pytest.mark.parametrize("settled", [False, True], ids=["prepared", "succeeded"])
+def test_reconciliation_request_in_other_states_is_a_no_op(bench, settled) -> None:
+    record = bench.submit(IDEMPOTENT)
+    if settled:
+        record = dispatch(record.effect_id, worker="w1")
+    before = snapshot(bench, record)
+    asked = resolution.request_reconciliation(bench.tenant, record.effect_id)
+    assert asked.deferred is False
+    assert asked.effect.status is record.status
+    assert snapshot(bench, record) == before
+
+
+# --- history and operator listing -------------------------------------------------
+
+
+def test_history_folds_events_at_any_sequence_without_touching_the_target(bench) -> None:
+    record = unknown(bench, UNSAFE)
+    done = resolution.resolve_succeeded(
+        bench.tenant, record.effect_id, operator="alice", reason="seen", evidence=PROOF
+    )
+    target = bench.targets[UNSAFE]
+    calls_before = (target.requests, target.lookups)
+    expected = [
+        "prepared",
+        "dispatching",
+        "outcome_unknown",
+        "manual_review",
+        "succeeded",
+    ]
+    for sequence, status in enumerate(expected, start=1):
+        folded = resolution.history(bench.tenant, record.effect_id, sequence)
+        assert (folded.status.value, folded.version) == (status, sequence)
+        assert [e.facts.sequence for e in folded.events] == list(range(1, sequence + 1))
+        assert folded.latest_sequence == done.version
+    latest = resolution.history(bench.tenant, record.effect_id)
+    assert (latest.at_sequence, latest.status) == (done.version, S.SUCCEEDED)
+    assert (target.requests, target.lookups) == calls_before
+    for bad in (0, done.version + 1):
+        with pytest.raises(InvalidRequestError, match="at_sequence"):
+            resolution.history(bench.tenant, record.effect_id, bad)
+
+
+def test_operator_listing_crosses_tenants_and_flags_what_needs_an_operator(
+    bench,
+) -> None:
+    stuck = unknown(bench, UNSAFE)
+    automatic = unknown(bench, IDEMPOTENT)
+    rows = resolution.list_for_operators(status=S.OUTCOME_UNKNOWN)
+    flags = {row.effect.effect_id: row.needs_operator for row in rows}
+    assert flags == {stuck.effect_id: True, automatic.effect_id: False}
+    assert {row.tenant_name for row in rows} == {bench.tenant.name}
+    assert resolution.list_for_operators(tenant_name=bench.tenant.name, tool="nope") == []
+    with pytest.raises(TenantNotFoundError):
+        resolution.list_for_operators(tenant_name="no-such-tenant")
+    assert resolution.tenant_of(stuck.effect_id) == bench.tenant
