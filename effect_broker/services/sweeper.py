@@ -18,7 +18,7 @@ from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.services import outcomes
 from effect_broker.services.dispatch import note_stale_write
 from effect_broker.services.runtime import Runtime, get_runtime
-from effect_broker.store.reads import due_effects, expired_leases
+from effect_broker.store.reads import due_effects, expired_leases, open_attempt_id
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,9 @@ def sweep(*, actor: str = "sweeper", runtime: Runtime | None = None) -> SweepRep
                     rt,
                     record,
                     actor=actor,
-                    attempt_id=None,
+                    # The dead worker's attempt is closed as "unknown": bytes may have
+                    # left, and nobody saw an answer.
+                    attempt_id=open_attempt_id(record.effect_id),
                     reason=f"dispatch lease of {record.lease_owner} expired",
                     event_type="lease_expired",
                 )

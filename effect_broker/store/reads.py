@@ -66,6 +66,14 @@ def load_arguments(effect_id: str) -> tuple[bytes, str, str, str]:
     return bytes(row[0]), row[1], str(row[2]), row[3]
 
 
+def open_attempt_id(effect_id: str) -> str | None:
+    """The attempt still open for an effect (its worker never recorded an end)."""
+    with connection.cursor() as cur:
+        cur.execute(sql.SELECT_OPEN_ATTEMPT, [effect_id])
+        row = cur.fetchone()
+    return str(row[0]) if row else None
+
+
 def list_effects(
     tenant_id: str,
     *,

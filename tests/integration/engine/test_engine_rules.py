@@ -230,6 +230,9 @@ def test_worker_death_after_commit_becomes_unknown_at_lease_expiry(bench, safety
     report = sweep()
     assert report.leases_expired == 1
     assert status(record) is EffectStatus.OUTCOME_UNKNOWN
+    attempt = EffectAttempt.objects.get(effect_id=record.effect_id)
+    assert (attempt.outcome, attempt.bytes_may_have_left) == ("unknown", True)
+    assert attempt.ended_at is not None
     bench.advance(3)
     reconcile(record.effect_id, worker="w2")
     expected = (
