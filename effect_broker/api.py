@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
@@ -54,6 +54,12 @@ class StrictJsonParser(Parser):
         if not isinstance(value, dict):
             raise InvalidJsonError("request body must be a JSON object")
         return value
+
+
+def _tenant(request: HttpRequest) -> Tenant:
+    """The tenant ``ApiKeyAuth`` authenticated for this request."""
+    # ninja sets ``request.auth`` at runtime; HttpRequest's stubs don't declare it.
+    return cast(Tenant, request.auth)  # type: ignore[attr-defined]
 
 
 class ApiKeyAuth(HttpBearer):
@@ -183,7 +189,7 @@ def _effect_out(record: EffectRecord, **flags: bool) -> dict[str, Any]:
 )
 def submit_effect(request: HttpRequest, body: SubmitIn) -> Status[dict[str, Any]]:
     reservation = submit(
-        request.auth,
+        _tenant(request),
         EffectRequest(
             operation_key=body.operation_key,
             tool=body.tool,
@@ -203,7 +209,7 @@ def submit_effect(request: HttpRequest, body: SubmitIn) -> Status[dict[str, Any]
 
 @api.get("/v1/effects/{effect_id}", auth=ApiKeyAuth(), response=EffectOut)
 def get_effect(request: HttpRequest, effect_id: str) -> dict[str, Any]:
-    return _effect_out(store.get_effect(str(request.auth.id), _uuid(effect_id)))
+    return _effect_out(store.get_effect(str(_tenant(request).id), _uuid(effect_id)))
 
 
 class ListFilters(Schema):
@@ -220,7 +226,7 @@ def list_effects(
     request: HttpRequest, filters: Query[ListFilters]
 ) -> list[dict[str, Any]]:
     records = store.list_effects(
-        str(request.auth.id),
+        str(_tenant(request).id),
         status=filters.status,
         tool=filters.tool,
         operation_prefix=filters.operation_prefix,
@@ -295,7 +301,7 @@ class ReceiptOut(Schema):
 def effect_history(
     request: HttpRequest, effect_id: str, at_sequence: int | None = None
 ) -> dict[str, Any]:
-    folded = resolution.history(request.auth, _uuid(effect_id), at_sequence)
+    folded = resolution.history(_tenant(request), _uuid(effect_id), at_sequence)
     return {
         "effect_id": folded.effect_id,
         "at_sequence": folded.at_sequence,
@@ -328,7 +334,7 @@ def effect_history(
     summary="Return the immutable terminal receipt (404 while there is none)",
 )
 def effect_receipt(request: HttpRequest, effect_id: str) -> dict[str, Any]:
-    receipt = resolution.get_receipt(request.auth, _uuid(effect_id))
+    receipt = resolution.get_receipt(_tenant(request), _uuid(effect_id))
     return {
         "receipt_id": receipt.receipt_id,
         "effect_id": receipt.effect_id,
@@ -352,7 +358,7 @@ def effect_receipt(request: HttpRequest, effect_id: str) -> dict[str, Any]:
 )
 def reconcile_effect(request: HttpRequest, effect_id: str) -> Status[dict[str, Any]]:
     asked = resolution.request_reconciliation(
-        request.auth, _uuid(effect_id), requested_by="api"
+        _tenant(request), _uuid(effect_id), requested_by="api"
     )
     return Status(
         202 if asked.deferred else 200,
@@ -371,7 +377,7 @@ def resolve_effect(
     request: HttpRequest, effect_id: str, body: ResolveIn
 ) -> dict[str, Any]:
     record = resolution.resolve(
-        request.auth,
+        _tenant(request),
         _uuid(effect_id),
         body.resolution,
         operator=body.operator,

@@ -100,6 +100,7 @@ def _hit_armed_for_subject(name: str, subject: str) -> None:
     pause = next((float(p[6:]) for p in spec[1:] if p.startswith("pause=")), None)
     if pause is None:
         _die(name)
+    assert pause is not None  # _die() SIGKILLs this process, so it never returns
     time.sleep(pause)
 
 

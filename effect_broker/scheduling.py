@@ -20,7 +20,7 @@ from procrastinate.tasks import Task
 _manager = manager.JobManager(DjangoConnector())
 
 
-def _defer(task: Task, *, effect_id: str, kind: str, at: datetime | None) -> None:  # type: ignore[type-arg]
+def _defer(task: Task, *, effect_id: str, kind: str, at: datetime | None) -> None:
     job = task.configure(
         # One running job per effect across dispatch and reconcile (procrastinate lock),
         # and at most one queued job per effect and kind (queueing lock).

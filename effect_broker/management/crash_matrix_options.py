@@ -4,11 +4,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol
 
 from django.core.management.base import CommandParser
 
 from effect_broker.domain.errors import InvalidRequestError
+
+
+class TextSink(Protocol):
+    """Where the matrix prints: a text stream or a command's ``OutputWrapper``."""
+
+    def write(self, text: str, /) -> object: ...
+
+    def flush(self) -> object: ...
 
 
 def add_crash_matrix_arguments(parser: CommandParser) -> None:
@@ -29,7 +37,7 @@ def add_crash_matrix_arguments(parser: CommandParser) -> None:
     )
 
 
-def run_crash_matrix(out: TextIO, options: dict[str, Any]) -> int:
+def run_crash_matrix(out: TextSink, options: dict[str, Any]) -> int:
     """Validate options and run the matrix; return its exit code."""
     if options["runs"] < 0:
         raise InvalidRequestError("--runs must be >= 0")

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
 
@@ -126,7 +126,7 @@ def override(
     """Temporarily replace collaborators (tests, simulations); restores them after."""
     global _current
     previous = get_runtime()
-    changes = {
+    changes: dict[str, Any] = {
         "registry": registry,
         "clock": clock,
         "scheduler": scheduler,

@@ -85,7 +85,7 @@ def list_effects(
 ) -> list[EffectRecord]:
     """List this tenant's effects, newest first, with optional filters."""
     clauses = ["tenant_id = %s"]
-    params: list[object] = [tenant_id]
+    params: list[str | int | datetime] = [tenant_id]
     if status is not None:
         clauses.append("status = %s")
         params.append(status.value)

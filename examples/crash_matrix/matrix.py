@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connection
@@ -31,6 +31,9 @@ from examples.crash_matrix.cells import (
 )
 from examples.crash_matrix.rig import Rig, open_rig
 
+if TYPE_CHECKING:
+    from effect_broker.management.crash_matrix_options import TextSink
+
 SCENARIOS = ["idempotent", "reconcilable", "transactional", "unsafe"]
 NETWORK = ["idempotent", "reconcilable", "unsafe"]
 HEADLINE = ("idempotent", "after_target_commit")
@@ -39,7 +42,7 @@ HEADLINE = ("idempotent", "after_target_commit")
 class Reporter:
     """Progress lines while the matrix runs (flushed, so a pipe shows them live)."""
 
-    def __init__(self, out: TextIO, total: int) -> None:
+    def __init__(self, out: TextSink, total: int) -> None:
         self.out = out
         self.total = total
         self.done = 0
@@ -147,7 +150,7 @@ def render_table(results: list[CellResult]) -> str:
 
 
 def run_matrix(
-    out: TextIO,
+    out: TextSink,
     *,
     workers: int = 3,
     parallel: int = 3,

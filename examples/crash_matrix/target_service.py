@@ -268,6 +268,10 @@ def _charge(charge_id: str, amount: int | None) -> dict[str, Any]:
 class TargetServer(ThreadingHTTPServer):
     """A threading HTTP server that carries the target's state."""
 
+    # socketserver's default listen backlog is 5: a burst of concurrent connects
+    # (the concurrency tests, a crash-matrix cell) then meets resets under load.
+    request_queue_size = 128
+
     daemon_threads = True  # a hung handler must not block shutdown
     verbose = False
 

@@ -94,7 +94,10 @@ class Command(BaseCommand):
         else:  # pragma: no cover - would be a correctness bug
             raise SystemExit("BUG: payload drift was accepted")
         intents = EffectIntent.objects.filter(tenant=tenant, operation_key=key).count()
-        events = EffectEvent.objects.filter(effect_id=first.effect.effect_id).count()
+        # django-stubs: a UUID foreign key lookup also takes the id as a str.
+        events = EffectEvent.objects.filter(
+            effect_id=first.effect.effect_id  # type: ignore[misc]
+        ).count()
         chain = verify_event_chain(first.effect.effect_id)
         self._say(
             f"result: {intents} intent, {events} event, event chain verified ({chain}), "
