@@ -81,7 +81,7 @@ def _dispatch_due(
             event_type="retries_exhausted",
         )
     if record.status is EffectStatus.RETRYABLE and not within_key_retention(rt, record):
-        return _to_manual_review(rt, record, actor=worker, reason="key retention expired")
+        return to_manual_review(rt, record, actor=worker, reason="key retention expired")
     adapter = rt.adapter_for(contract)
     if adapter.transactional:
         return _dispatch_transactional(rt, record, contract, adapter, worker=worker)
@@ -99,9 +99,10 @@ def within_key_retention(rt: Runtime, record: EffectRecord) -> bool:
     return rt.clock.now() < record.retention_deadline - rt.timing.retention_margin
 
 
-def _to_manual_review(
+def to_manual_review(
     rt: Runtime, record: EffectRecord, *, actor: str, reason: str
 ) -> EffectRecord:
+    """Stop automatic handling: the effect waits for an operator, with the reason."""
     return store.transition(
         record,
         EffectStatus.MANUAL_REVIEW,

@@ -25,6 +25,7 @@ from effect_broker.services import outcomes
 from effect_broker.services.dispatch import (
     note_stale_write,
     send_attempt,
+    to_manual_review,
     within_key_retention,
 )
 from effect_broker.services.payloads import load_arguments
@@ -61,7 +62,7 @@ def reconcile(
             return _reconcile_idempotent(rt, claimed, contract, worker=worker)
         if record.safety is SafetyClass.RECONCILABLE:
             return _reconcile_by_probe(rt, claimed, contract, worker=worker)
-        return _manual_review(
+        return to_manual_review(
             rt,
             claimed,
             actor=worker,
@@ -72,29 +73,15 @@ def reconcile(
         return store.load_effect_for_worker(effect_id)
 
 
-def _manual_review(
-    rt: Runtime, record: EffectRecord, *, actor: str, reason: str
-) -> EffectRecord:
-    return store.transition(
-        record,
-        EffectStatus.MANUAL_REVIEW,
-        event_type="manual_review_required",
-        actor=actor,
-        now=rt.clock.now(),
-        metadata={"reason": reason},
-        changes={**_CLEAR_LEASE, "next_action_at": None},
-    )
-
-
 def _reconcile_idempotent(
     rt: Runtime, record: EffectRecord, contract: EffectContract, *, worker: str
 ) -> EffectRecord:
     if not within_key_retention(rt, record):
-        return _manual_review(
+        return to_manual_review(
             rt, record, actor=worker, reason="downstream key retention expired"
         )
     if record.attempt_count > contract.retry_limit:
-        return _manual_review(
+        return to_manual_review(
             rt, record, actor=worker, reason="retry limit reached with outcome unknown"
         )
     # The same key on the wire again: the target deduplicates, so at most one effect.
@@ -135,7 +122,7 @@ def _reconcile_by_probe(
         settled
         and now >= (record.settlement_deadline or now) + rt.timing.reconcile_window
     ):
-        return _manual_review(
+        return to_manual_review(
             rt, record, actor=worker, reason="lookup stayed inconclusive past its bound"
         )
     due = max(record.settlement_deadline or now, now + contract.backoff(1))
