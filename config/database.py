@@ -23,6 +23,30 @@ DEFAULT_DB_NAME = "effect_broker"
 UNAVAILABLE_REASON: str | None = None
 
 
+def connection_lifetime() -> dict[str, Any]:
+    """``CONN_MAX_AGE`` (and health checks) from ``EFFECT_BROKER_DB_CONN_MAX_AGE``.
+
+    0, the default, is Django's: a new connection per request or job - right for the
+    ASGI API (Django advises against persistent connections under ASGI). Worker
+    processes should set it (e.g. 300): procrastinate closes Django's connection after
+    every job unless it may persist, and a fresh connection costs each job a backend
+    start and cold catalog caches, about 10 ms here (docs/benchmarks.md). Health
+    checks make a connection that died while idle (database restart) reconnect
+    instead of failing the next job.
+    """
+    raw = os.environ.get("EFFECT_BROKER_DB_CONN_MAX_AGE", "").strip()
+    try:
+        seconds = int(raw) if raw else 0
+    except ValueError:
+        seconds = -1
+    if seconds < 0:
+        raise ConfigurationError(
+            f"EFFECT_BROKER_DB_CONN_MAX_AGE must be a whole number of seconds >= 0, "
+            f"got {raw!r}"
+        )
+    return {"CONN_MAX_AGE": seconds, "CONN_HEALTH_CHECKS": seconds > 0}
+
+
 def database_from_url(url: str) -> dict[str, Any]:
     """Translate a ``postgresql://`` URL into a Django DATABASES entry."""
     scheme = urlsplit(url).scheme
@@ -47,7 +71,7 @@ def database_from_url(url: str) -> dict[str, Any]:
         "HOST": params.get("host") or "",
         "PORT": str(params.get("port") or ""),
         "OPTIONS": options,
-        "CONN_MAX_AGE": 0,
+        **connection_lifetime(),
         "ATOMIC_REQUESTS": False,
     }
 
@@ -92,7 +116,7 @@ def embedded_database() -> dict[str, Any]:
         "HOST": str(params["host"]),
         "PORT": str(params["port"]),
         "OPTIONS": {},
-        "CONN_MAX_AGE": 0,
+        **connection_lifetime(),
     }
 
 

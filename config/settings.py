@@ -149,5 +149,10 @@ PROCRASTINATE_WORKER_DEFAULTS = {
         0.5, EFFECT_BROKER_TIMING["stalled_job_seconds"] / 6
     ),
     "stalled_worker_timeout": EFFECT_BROKER_TIMING["stalled_job_seconds"],
+    # An idle worker also polls (procrastinate's default: every 5 s): a job scheduled
+    # for later (a reconcile due at the settlement deadline) starts at the next poll,
+    # and so does one whose NOTIFY arrived while the worker was busy fetching
+    # (docs/benchmarks.md: up to 5 s added to reconciliation and to p99 latency).
+    "fetch_job_polling_interval": _seconds("EFFECT_BROKER_JOB_POLL_SECONDS", 1.0),
     "shutdown_graceful_timeout": 30.0,
 }

@@ -10,7 +10,6 @@ check without trusting the writer.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,6 +20,7 @@ from django.db import connection, transaction
 from effect_broker.domain.canonical import canonical_json
 from effect_broker.domain.errors import EventChainBrokenError, StaleWriteError
 from effect_broker.domain.event_chain import GENESIS_DIGEST, EventFacts, event_digest
+from effect_broker.domain.ids import new_row_id
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus, check_transition
 from effect_broker.store import sql
@@ -44,7 +44,7 @@ class NewIntent:
     downstream_key: str
     requested_by: str = ""
     trace_id: str | None = None
-    effect_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    effect_id: str = field(default_factory=new_row_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +79,10 @@ def _json(value: Mapping[str, object]) -> str:
 
 def reserve(intent: NewIntent, *, now: datetime, actor: str) -> tuple[EffectRecord, bool]:
     """Insert the intent unless (tenant, operation_key) exists; return (row, created)."""
-    with transaction.atomic(), connection.cursor() as cur:
+    # No savepoint of its own: nested, the caller's atomic block (submit's) rolls back
+    # everything on an error; outermost, this block is the transaction. A savepoint
+    # would cost two round trips per submit for nothing (docs/benchmarks.md).
+    with transaction.atomic(savepoint=False), connection.cursor() as cur:
         cur.execute(
             sql.RESERVE_INTENT,
             [
@@ -109,6 +112,7 @@ def reserve(intent: NewIntent, *, now: datetime, actor: str) -> tuple[EffectReco
             _append_event(
                 cur,
                 record,
+                prev=GENESIS_DIGEST,
                 old_status=None,
                 event_type="reserved",
                 actor=actor,
@@ -193,7 +197,12 @@ def _compare_and_swap(
     changes: Mapping[str, Any] | None,
 ) -> EffectRecord:
     extra, values = _set_clause(changes or {})
-    with transaction.atomic(), connection.cursor() as cur:
+    stale: StaleWriteError | None = None
+    # No savepoint (it would cost two round trips per transition): a refused CAS has
+    # written nothing, and is raised after the block, so it leaves an enclosing
+    # transaction usable; any other error here marks the enclosing transaction for
+    # rollback, which is what a half-written transition needs.
+    with transaction.atomic(savepoint=False), connection.cursor() as cur:
         cur.execute(
             sql.CAS_UPDATE_TEMPLATE.format(extra=extra),
             [target.value, now, *values, record.effect_id, record.version],
@@ -202,7 +211,7 @@ def _compare_and_swap(
         if row is None:
             cur.execute(sql.SELECT_VERSION, [record.effect_id])
             current = cur.fetchone()
-            raise StaleWriteError(
+            stale = StaleWriteError(
                 f"stale write refused: effect {record.effect_id} is no longer at "
                 f"version {record.version}",
                 effect_id=record.effect_id,
@@ -210,16 +219,20 @@ def _compare_and_swap(
                 actual_version=current[0] if current else None,
                 attempted=f"{event_type}:{record.status}->{target}",
             )
-        updated = record_from_row(row)
-        _append_event(
-            cur,
-            updated,
-            old_status=record.status,
-            event_type=event_type,
-            actor=actor,
-            now=now,
-            metadata=metadata or {},
-        )
+        else:
+            updated = record_from_row(row[:-1])
+            _append_event(
+                cur,
+                updated,
+                prev=None if row[-1] is None else bytes(row[-1]),
+                old_status=record.status,
+                event_type=event_type,
+                actor=actor,
+                now=now,
+                metadata=metadata or {},
+            )
+    if stale is not None:
+        raise stale
     return updated
 
 
@@ -227,24 +240,21 @@ def _append_event(
     cur: Any,
     record: EffectRecord,
     *,
+    prev: bytes | None,
     old_status: EffectStatus | None,
     event_type: str,
     actor: str,
     now: datetime,
     metadata: Mapping[str, object],
 ) -> None:
+    """Insert the event of ``record.version``, chained to ``prev`` (the digest of the
+    event before it, read by the caller; None when that event is missing)."""
     sequence = record.version
-    if sequence == 1:
-        prev = GENESIS_DIGEST
-    else:
-        cur.execute(sql.SELECT_LAST_DIGEST, [record.effect_id, sequence - 1])
-        found = cur.fetchone()
-        if found is None:
-            raise EventChainBrokenError(
-                f"event {sequence - 1} of effect {record.effect_id} is missing",
-                sequence=sequence - 1,
-            )
-        prev = bytes(found[0])
+    if prev is None:
+        raise EventChainBrokenError(
+            f"event {sequence - 1} of effect {record.effect_id} is missing",
+            sequence=sequence - 1,
+        )
     facts = EventFacts(
         effect_id=record.effect_id,
         sequence=sequence,
@@ -283,7 +293,7 @@ def start_attempt(
     metadata: Mapping[str, object] | None = None,
 ) -> tuple[EffectRecord, str]:
     """Commit DISPATCHING and the attempt row together, before any network I/O."""
-    attempt_id = str(uuid.uuid4())
+    attempt_id = new_row_id()
     ordinal = record.attempt_count + 1
     with transaction.atomic():
         updated = transition(
@@ -338,7 +348,7 @@ def insert_receipt(
     receipt_id: str | None = None,
 ) -> str:
     """Insert the one terminal receipt of an effect; returns its id."""
-    receipt_id = receipt_id or str(uuid.uuid4())
+    receipt_id = receipt_id or new_row_id()
     with connection.cursor() as cur:
         cur.execute(
             sql.INSERT_RECEIPT,

@@ -74,15 +74,20 @@ FROM effect_intents WHERE id = %s
 """
 
 # The fence: the row changes only if nobody wrote since the writer read ``version``.
-CAS_UPDATE_TEMPLATE = """
+# The last column is the digest of the event at the old version (NULL if missing): the
+# new event chains to it, and reading it here saves a round trip per transition.
+CAS_UPDATE_TEMPLATE = (
+    """
 UPDATE effect_intents
 SET status = %s, version = version + 1, updated_at = %s{extra}
 WHERE id = %s AND version = %s
-RETURNING """ + ", ".join(INTENT_COLUMNS)
-
-SELECT_LAST_DIGEST = """
-SELECT digest FROM effect_events WHERE effect_id = %s AND sequence = %s
+RETURNING """
+    + ", ".join(INTENT_COLUMNS)
+    + """,
+    (SELECT e.digest FROM effect_events e
+     WHERE e.effect_id = effect_intents.id AND e.sequence = effect_intents.version - 1)
 """
+)
 
 INSERT_EVENT = """
 INSERT INTO effect_events (

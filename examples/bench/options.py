@@ -1,0 +1,164 @@
+"""Command-line options of ``effect-broker bench``, validated into ``BenchOptions``.
+
+Importing this module is cheap (``effect-broker bench --help`` starts nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from effect_broker.domain.errors import InvalidRequestError
+
+DEFAULTS: dict[str, Any] = {
+    "repetitions": 5,
+    "samples": 200,
+    "items": 200,
+    "scale": "10k,1m",
+}
+QUICK: dict[str, Any] = {"repetitions": 2, "samples": 20, "items": 40, "scale": "10k"}
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What one run measures and where it writes."""
+
+    quick: bool
+    repetitions: int
+    #: Throughput bursts per worker count (a burst costs seconds, not milliseconds).
+    bursts: int
+    samples: int
+    warmup: int
+    items: int
+    workers: tuple[int, ...]
+    scales: tuple[int, ...]
+    reconcile_samples: int
+    reconcilable_samples: int
+    json_path: Path | None
+    png_path: Path | None
+
+    def to_json(self) -> dict[str, Any]:
+        """For the report."""
+        data = asdict(self)
+        data["json_path"] = str(self.json_path) if self.json_path else None
+        data["png_path"] = str(self.png_path) if self.png_path else None
+        return data
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The bench's options."""
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short smoke run: 2 repetitions x 20 calls, bursts of 40, the 10k ledger "
+        "only (figures are indicative; publish a full run)",
+    )
+    parser.add_argument(
+        "--repetitions",
+        type=int,
+        metavar="N",
+        help=f"repetitions of every case (default {DEFAULTS['repetitions']}, "
+        f"--quick {QUICK['repetitions']})",
+    )
+    parser.add_argument(
+        "--samples",
+        type=int,
+        metavar="N",
+        help=f"timed calls per case and repetition (default {DEFAULTS['samples']}, "
+        f"--quick {QUICK['samples']})",
+    )
+    parser.add_argument(
+        "--items",
+        type=int,
+        metavar="N",
+        help="effects / jobs per end-to-end throughput burst, up to 3 bursts per "
+        "worker count "
+        f"(default {DEFAULTS['items']}, --quick {QUICK['items']})",
+    )
+    parser.add_argument(
+        "--workers",
+        default="1,2,4",
+        metavar="LIST",
+        help="worker-process counts for end-to-end throughput (default 1,2,4)",
+    )
+    parser.add_argument(
+        "--scale",
+        metavar="LIST",
+        help="ledger sizes for the scale figures, e.g. 10k,1m or 50k; 'none' skips them "
+        f"(default {DEFAULTS['scale']}, --quick {QUICK['scale']})",
+    )
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH", help="also write the results as JSON here"
+    )
+    parser.add_argument(
+        "--png",
+        type=Path,
+        metavar="PATH",
+        help="write the latency chart here (default: next to --json, same name .png)",
+    )
+
+
+def _int_list(text: str, what: str, low: int, high: int) -> tuple[int, ...]:
+    try:
+        values = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise InvalidRequestError(
+            f"--{what} must be a comma-separated list of integers, got {text!r}"
+        ) from None
+    if not values or any(not low <= v <= high for v in values):
+        raise InvalidRequestError(f"--{what} values must be between {low} and {high}")
+    return values
+
+
+def _bounded(name: str, value: int, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise InvalidRequestError(
+            f"--{name} must be between {low} and {high}, got {value}"
+        )
+    return value
+
+
+def from_cli(raw: dict[str, Any]) -> BenchOptions:
+    """Validate parsed arguments; raise ``InvalidRequestError`` with one clear line."""
+    from examples.bench.scale import parse_scale
+
+    base = QUICK if raw.get("quick") else DEFAULTS
+
+    def number(name: str, high: int) -> int:
+        value = raw.get(name)
+        return _bounded(name, base[name] if value is None else value, 1, high)
+
+    repetitions = number("repetitions", 100)
+    samples = number("samples", 100_000)
+    items = number("items", 100_000)
+    workers = _int_list(raw.get("workers") or "1,2,4", "workers", 1, 16)
+    scale_text = (raw.get("scale") or base["scale"]).strip().lower()
+    scales: tuple[int, ...] = ()
+    if scale_text not in {"none", "0", ""}:
+        try:
+            scales = tuple(sorted({parse_scale(p) for p in scale_text.split(",")}))
+        except ValueError as exc:
+            raise InvalidRequestError(f"--scale: {exc}") from None
+    json_path = raw.get("json")
+    png_path = raw.get("png")
+    if png_path is None and json_path is not None:
+        png_path = Path(json_path).with_suffix(".png")
+    for path in (json_path, png_path):
+        if path is not None and not Path(path).resolve().parent.is_dir():
+            raise InvalidRequestError(f"cannot write {path}: its folder does not exist")
+    return BenchOptions(
+        quick=bool(raw.get("quick")),
+        repetitions=repetitions,
+        bursts=min(repetitions, 3),
+        samples=samples,
+        warmup=max(3, min(50, samples // 5)),
+        items=items,
+        workers=workers,
+        scales=scales,
+        reconcile_samples=max(1, min(30, samples)),
+        reconcilable_samples=max(1, min(5, samples // 4)),
+        json_path=Path(json_path) if json_path else None,
+        png_path=Path(png_path) if png_path else None,
+    )

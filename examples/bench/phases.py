@@ -1,0 +1,379 @@
+"""The phases of one run: in-process cases, the submit profile, worker pipelines and
+scale. Each fills the shared ``BenchResult``; ``runner`` strings them together."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import connection
+
+from effect_broker.services import dispatch as dispatch_service
+from examples.bench.baselines import AgentLedger, HandRolled, agent_ledger_version
+from examples.bench.broker_cases import ARGUMENTS, BrokerCases
+from examples.bench.environment import Services, running_workers
+from examples.bench.floors import InsertFloor, ProcrastinateDefer
+from examples.bench.options import BenchOptions
+from examples.bench.pipeline import Pipeline
+from examples.bench.report import BenchResult, ScaleResult
+from examples.bench.scale import capture_plans, intent_count, label, seed_to
+from examples.bench.stats import LatencyCase, ThroughputCase, time_calls
+
+Say = Callable[[str], None]
+WARMUP_BASE = 50_000_000  # warm-up calls use their own keys
+
+#: Every per-call case, in table order: (key, group, label).
+LATENCY_CASES = [
+    ("floor_insert", "floor", "INSERT … ON CONFLICT, 1 row, commit (psycopg)"),
+    ("floor_defer", "floor", "procrastinate defer, 1 no-op job (1 commit)"),
+    ("floor_job", "floor", "bare procrastinate job, 1 worker: defer → done"),
+    ("handrolled_new", "hand-rolled", "Django get_or_create → call → update"),
+    ("handrolled_replay", "hand-rolled", "same key again (replay)"),
+    ("agent_ledger", "agent-ledger", "begin + commit, new tool call"),
+    ("broker_submit", "broker", "submit, new key (intent + event + job, 1 commit)"),
+    ("broker_replay", "broker", "submit, existing key (replay)"),
+    ("broker_inline", "broker", "submit + dispatch in-process (simulated target)"),
+    ("broker_claim", "broker", "claim: load + fenced CAS + attempt row"),
+    ("broker_e2e", "broker", "end to end, 1 worker: submit → receipt"),
+    ("reconcile_idempotent", "reconcile", "lost response → receipt (idempotent)"),
+    ("reconcile_reconcilable", "reconcile", "lost response → receipt (reconcilable)"),
+]
+
+
+def new_latency_cases() -> dict[str, LatencyCase]:
+    """Empty cases in table order."""
+    return {key: LatencyCase(key, text, group) for key, group, text in LATENCY_CASES}
+
+
+def in_process(
+    result: BenchResult,
+    opts: BenchOptions,
+    cases: BrokerCases,
+    database_url: str,
+    say: Say,
+) -> None:
+    """Floors, baselines and the broker's own calls, interleaved per repetition so
+    that drift on the machine touches every case alike."""
+    lat = result.latency
+    floor = InsertFloor(database_url)
+    defer = ProcrastinateDefer()
+    handrolled = HandRolled(ARGUMENTS)
+    agent: AgentLedger | None = None
+    version = agent_ledger_version()
+    if version is None:
+        result.notes.append(
+            "agent-ledger is not installed, so the broker-vs-agent-ledger target is not "
+            "measured (pip install -e '.[bench]' adds it)"
+        )
+    else:
+        try:
+            agent = AgentLedger(database_url, ARGUMENTS)
+            lat["agent_ledger"].label = f"agent-ledger {version}: " + (
+                lat["agent_ledger"].label
+            )
+        except Exception as exc:  # a peer's failure must not stop our own figures
+            result.notes.append(f"agent-ledger {version} could not run: {exc}")
+    claimable: list[Any] = []
+    runs: list[tuple[str, Callable[[int], object]]] = [
+        ("floor_insert", floor.call),
+        ("floor_defer", defer.call),
+        ("handrolled_new", handrolled.call),
+        ("handrolled_replay", handrolled.call),  # same indices: existing keys
+        ("broker_submit", cases.submit_new),
+        ("broker_replay", cases.submit_replay),
+        ("broker_inline", cases.inline_cycle),
+        ("broker_claim", lambda i: cases.claim(claimable[i])),
+    ]
+    if agent is not None:
+        runs.insert(4, ("agent_ledger", agent.call))
+    try:
+        claimable[:] = [cases.prepare("claim-warm", i) for i in range(opts.warmup)]
+        for key, call in runs:
+            start = 0 if key == "broker_claim" else WARMUP_BASE
+            time_calls(call, opts.warmup, start=start)
+        for rep in range(opts.repetitions):
+            say(f"      repetition {rep + 1}/{opts.repetitions}")
+            first = rep * opts.samples
+            claimable[:] = [
+                cases.prepare("claim", first + i) for i in range(opts.samples)
+            ]
+            for key, call in runs:
+                start = 0 if key == "broker_claim" else first
+                lat[key].add_repetition(time_calls(call, opts.samples, start=start))
+    finally:
+        floor.close()
+        if agent is not None:
+            agent.close()
+
+
+@contextmanager
+def _timed_commits(totals: dict[str, float]) -> Iterator[None]:
+    # Profiling only: Django's commit does not pass through execute wrappers, so time
+    # the wrapper's private _commit on this connection object while the block runs.
+    original = connection._commit  # type: ignore[attr-defined]
+
+    def timed() -> None:
+        began = time.perf_counter()
+        try:
+            original()
+        finally:
+            totals["COMMIT (WAL flush to disk: fsync)"] += time.perf_counter() - began
+
+    connection._commit = timed  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        del connection._commit  # type: ignore[attr-defined]
+
+
+_TABLE = re.compile(r"\b(?:INTO|UPDATE|FROM)\s+(\w+)")
+
+
+def _part(sql: str) -> str:
+    text = " ".join(sql.split())
+    if "procrastinate_defer_jobs" in text:
+        return "job: procrastinate_defer_jobs_v1 (row, events trigger, NOTIFY)"
+    if text.startswith(("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO")):
+        return "SAVEPOINT / RELEASE (the job defer nests one)"
+    verb = text.split(" ", 1)[0]
+    match = _TABLE.search(text)
+    table = match[1] if match else "?"
+    if verb == "INSERT" and table == "effect_intents":
+        return "INSERT effect_intents … ON CONFLICT DO NOTHING RETURNING"
+    if verb == "UPDATE" and table == "effect_intents":
+        return "UPDATE effect_intents: fenced CAS (+ previous event digest)"
+    if verb == "SELECT" and "arguments_ciphertext" in text:
+        return "SELECT effect_intents: encrypted arguments"
+    return f"{verb} {table}"
+
+
+def _profile(
+    call: Callable[[int], object], n: int, *, start: int
+) -> list[tuple[str, float]]:
+    """Each statement's round trips, the commits, and what remains (Python), in mean
+    milliseconds per call of ``call``."""
+    totals: dict[str, float] = defaultdict(float)
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            totals[_part(sql)] += time.perf_counter() - began
+
+    with connection.execute_wrapper(wrapper), _timed_commits(totals):
+        wall = sum(time_calls(call, n, start=start))
+    parts = sorted(totals.items(), key=lambda kv: -kv[1])
+    python = wall - sum(totals.values())
+    return [(what, seconds / n * 1e3) for what, seconds in parts] + [
+        ("Python (everything outside the database round trips)", python / n * 1e3)
+    ]
+
+
+def profiles(result: BenchResult, opts: BenchOptions, cases: BrokerCases) -> None:
+    """Where a new-key submit and a dispatch (claim → simulated call → receipt)
+    spend their time."""
+    time_calls(cases.submit_new, opts.warmup, start=WARMUP_BASE + 1_000_000)
+    result.profiles["broker submit, new key"] = _profile(
+        cases.submit_new, opts.samples, start=WARMUP_BASE + 2_000_000
+    )
+    ready = [cases.prepare("profile-dispatch", i) for i in range(opts.samples)]
+
+    def dispatch(i: int) -> object:
+        return dispatch_service.dispatch(ready[i].effect_id, worker="bench-profile")
+
+    result.profiles["broker dispatch job body: claim → call → receipt"] = _profile(
+        dispatch, opts.samples, start=0
+    )
+
+
+def pipelines(
+    result: BenchResult,
+    opts: BenchOptions,
+    services: Services,
+    pipeline: Pipeline,
+    say: Say,
+) -> None:
+    """Bare procrastinate vs the broker through 1, 2, 4… worker processes; sequential
+    latency and reconciliation with the fewest workers."""
+    lat = result.latency
+    first = min(opts.workers)
+    seq = max(3, min(30, opts.samples))
+    for workers in opts.workers:
+        dropped = pipeline.drain_stale_jobs()
+        say(
+            f"      {workers} worker(s): starting"
+            + (f" ({dropped} stale jobs dropped)" if dropped else "")
+        )
+        jobs = ThroughputCase(
+            f"jobs_{workers}w", "no-op jobs", "bare procrastinate", workers
+        )
+        broker = ThroughputCase(
+            f"broker_{workers}w", "effects, simulated target", "broker", workers
+        )
+        with running_workers(services, workers):
+            warm = max(5, min(20, opts.items))
+            pipeline.jobs_burst(warm)
+            pipeline.broker_burst(warm)
+            for rep in range(opts.bursts):
+                for case, burst in (
+                    (jobs, pipeline.jobs_burst(opts.items)),
+                    (broker, pipeline.broker_burst(opts.items)),
+                ):
+                    case.rates.append(burst.steady_rate)
+                    case.overall_rates.append(burst.overall_rate)
+                    case.latencies.extend(burst.latencies)
+                say(
+                    f"      {workers} worker(s), burst {rep + 1}/{opts.bursts}: "
+                    f"bare {jobs.rates[-1]:,.0f} jobs/s, broker "
+                    f"{broker.rates[-1]:,.0f} effects/s"
+                )
+            if workers == first:
+                _sequential(result, opts, pipeline, seq, say)
+                _reconciliation(result, opts, services, pipeline, say)
+        jobs.items = broker.items = opts.items
+        result.throughput[jobs.key] = jobs
+        result.throughput[broker.key] = broker
+    if 2 in opts.workers:
+        _fresh_connections(result, opts, services, pipeline, say)
+    if first != 1:
+        for key in ("floor_job", "broker_e2e"):
+            lat[key].label = lat[key].label.replace("1 worker", f"{first} workers")
+
+
+def _fresh_connections(
+    result: BenchResult,
+    opts: BenchOptions,
+    services: Services,
+    pipeline: Pipeline,
+    say: Say,
+) -> None:
+    """The broker with 2 workers that open a new connection per job (Django's
+    default CONN_MAX_AGE=0): what persistent worker connections are worth."""
+    pipeline.drain_stale_jobs()
+    case = ThroughputCase(
+        "broker_2w_conn0",
+        "effects, new DB connection per job (CONN_MAX_AGE=0)",
+        "broker",
+        2,
+    )
+    with running_workers(services, 2, conn_max_age="0"):
+        pipeline.broker_burst(max(5, min(20, opts.items)))
+        for _ in range(opts.bursts):
+            burst = pipeline.broker_burst(opts.items)
+            case.rates.append(burst.steady_rate)
+            case.overall_rates.append(burst.overall_rate)
+            case.latencies.extend(burst.latencies)
+    case.items = opts.items
+    result.throughput[case.key] = case
+    say(
+        f"      2 workers, a new connection per job: {case.median:,.0f} effects/s "
+        "(median)"
+    )
+
+
+def _sequential(
+    result: BenchResult, opts: BenchOptions, pipeline: Pipeline, n: int, say: Say
+) -> None:
+    lat = result.latency
+    say(f"      one at a time: {opts.bursts} x {n} jobs and effects")
+    for rep in range(opts.bursts):
+        lat["floor_job"].add_repetition([pipeline.job_one() for _ in range(n)])
+        lat["broker_e2e"].add_repetition(
+            [pipeline.broker_one(rep * n + i) for i in range(n)]
+        )
+
+
+def _reconciliation(
+    result: BenchResult,
+    opts: BenchOptions,
+    services: Services,
+    pipeline: Pipeline,
+    say: Say,
+) -> None:
+    lat = result.latency
+    target = services.target
+    say(
+        f"      lost responses: {opts.reconcile_samples} idempotent, "
+        f"{opts.reconcilable_samples} reconcilable"
+    )
+    lat["reconcile_idempotent"].add_repetition(
+        [
+            pipeline.reconcile_one(target, "idempotent", i)
+            for i in range(opts.reconcile_samples)
+        ]
+    )
+    lat["reconcile_reconcilable"].add_repetition(
+        [
+            pipeline.reconcile_one(target, "reconcilable", i)
+            for i in range(opts.reconcilable_samples)
+        ]
+    )
+
+
+def scales(
+    result: BenchResult,
+    opts: BenchOptions,
+    cases: BrokerCases,
+    database_url: str,
+    say: Say,
+) -> None:
+    """Grow the ledger to each size; measure submit and claim; plans at the largest."""
+    existing = cases.submit_new_series("scale-replay", 0)
+    for size in opts.scales:
+        name = label(size)
+        say(f"      ledger → {name} effects: seeding with generate_series")
+        began = time.monotonic()
+        seeded, notes = seed_to(database_url, size, cases.tenant_id, progress=say)
+        seed_seconds = time.monotonic() - began
+        result.notes.extend(notes)
+        submit = LatencyCase(f"scale_{name}_submit", f"submit, {name} ledger", "scale")
+        claim = LatencyCase(f"scale_{name}_claim", f"claim, {name} ledger", "scale")
+        _measure_scale(cases, opts, f"scale{size}", submit, claim)
+        result.scales.append(
+            ScaleResult(
+                size,
+                name,
+                intent_count(database_url),
+                seeded,
+                seed_seconds,
+                submit,
+                claim,
+            )
+        )
+        say(
+            f"      {name}: submit median {submit.median * 1e3:.2f} ms, "
+            f"claim median {claim.median * 1e3:.2f} ms"
+        )
+        if size == opts.scales[-1]:
+            result.plans = capture_plans(cases, existing)
+            result.plans_at = f"{name} ({intent_count(database_url):,}-row)"
+
+
+def _measure_scale(
+    cases: BrokerCases,
+    opts: BenchOptions,
+    prefix: str,
+    submit: LatencyCase,
+    claim: LatencyCase,
+) -> None:
+    """Submit and claim, warmed up, ``opts.repetitions`` times."""
+
+    def submit_one(i: int) -> object:
+        return cases.submit_new_series(prefix, i)
+
+    def claimer(records: list[Any]) -> Callable[[int], object]:
+        return lambda i: cases.claim(records[i])
+
+    warm = [cases.prepare(f"{prefix}-warm", i) for i in range(opts.warmup)]
+    time_calls(claimer(warm), opts.warmup)
+    time_calls(submit_one, opts.warmup, start=WARMUP_BASE)
+    for rep in range(opts.repetitions):
+        first = rep * opts.samples
+        submit.add_repetition(time_calls(submit_one, opts.samples, start=first))
+        ready = [cases.prepare(f"{prefix}-claim", first + i) for i in range(opts.samples)]
+        claim.add_repetition(time_calls(claimer(ready), opts.samples))

@@ -1,0 +1,98 @@
+"""``effect-broker bench`` as a user runs it: a tiny run, checked for shape, not speed.
+
+Benchmarks print figures; they are not timed tests. These tests only prove that one
+run measures every case, prints the tables with the server's durability settings,
+and writes a JSON document (and a chart when matplotlib is installed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from config.database import url_from_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+
+LATENCY_KEYS = {
+    "floor_insert",
+    "floor_defer",
+    "floor_job",
+    "handrolled_new",
+    "handrolled_replay",
+    "broker_submit",
+    "broker_replay",
+    "broker_inline",
+    "broker_claim",
+    "broker_e2e",
+    "reconcile_idempotent",
+    "reconcile_reconcilable",
+}
+
+
+def run_bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    # The bench makes (and drops) its own scratch database on the test server.
+    env = {**os.environ, "DATABASE_URL": url_from_settings(connection.settings_dict)}
+    return subprocess.run(
+        [sys.executable, "-m", "effect_broker.cli", "bench", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = run_bench(
+        "--quick",
+        "--repetitions=1",
+        "--samples=3",
+        "--items=5",
+        "--workers=1",
+        "--scale=1k",
+        f"--json={out}",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = result.stdout
+    for heading in (
+        "## effect-broker bench",
+        "### Per call",
+        "### End to end throughput",
+        "### Scale",
+        "### Profile",
+        "### Targets",
+        "Plans on the 1k",
+    ):
+        assert heading in text
+    assert "| floor | INSERT … ON CONFLICT, 1 row, commit (psycopg) | 3 |" in text
+    assert text.count("fsync=") >= 4  # with the header and every table
+    report = json.loads(out.read_text())
+    assert {case["key"] for case in report["latency"]} >= LATENCY_KEYS
+    assert {case["key"] for case in report["throughput"]} == {"jobs_1w", "broker_1w"}
+    assert report["server"]["fsync"] in {"on", "off"}
+    assert report["server"]["synchronous_commit"]
+    assert [s["label"] for s in report["scale"]] == ["1k"]
+    assert report["plans"]
+    assert all(isinstance(p["seq_scan_on_effect_intents"], bool) for p in report["plans"])
+    assert len(report["targets"]) == 7
+    chart = out.with_suffix(".png")
+    assert chart.exists() or "No chart written: matplotlib is not installed" in text
+
+
+def test_bad_input_is_one_line_and_exit_2() -> None:
+    result = run_bench("--repetitions=0", timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "effect-broker: error [invalid_request]: --repetitions must be between 1 and "
+        "100, got 0"
+    ]
