@@ -70,6 +70,8 @@ class BenchDatabase:
     url: str
     name: str
     where: str
+    #: A database on the same server to create and drop siblings from.
+    admin_url: str
 
 
 @contextmanager
@@ -90,7 +92,8 @@ def scratch_database() -> Iterator[BenchDatabase]:
         connection.settings_dict["NAME"] = name
         try:
             call_command("migrate", verbosity=0, interactive=False)
-            yield BenchDatabase(url_from_settings(connection.settings_dict), name, where)
+            url = url_from_settings(connection.settings_dict)
+            yield BenchDatabase(url, name, where, admin_url)
         finally:
             connections.close_all()
             _drop_scratch_database(admin_url, name)
@@ -99,6 +102,29 @@ def scratch_database() -> Iterator[BenchDatabase]:
             from effect_broker import embedded_pg
 
             embedded_pg.stop(own_server)
+
+
+def use_database(name: str) -> None:
+    """Point this process's Django connections at database ``name`` (same server)."""
+    connections.close_all()
+    connection.settings_dict["NAME"] = name
+
+
+@contextmanager
+def sibling_database(db: BenchDatabase, suffix: str) -> Iterator[str]:
+    """Another migrated scratch database next to ``db`` (a second ledger, so two
+    ledger sizes can be measured turn about); dropped on exit. Leaves Django on
+    ``db``."""
+    name = f"{db.name}_{suffix}"
+    _create_scratch_database(db.admin_url, name)
+    try:
+        use_database(name)
+        call_command("migrate", verbosity=0, interactive=False)
+        use_database(db.name)
+        yield name
+    finally:
+        use_database(db.name)
+        _drop_scratch_database(db.admin_url, name)
 
 
 def server_settings(database_url: str) -> dict[str, str]:
@@ -228,4 +254,6 @@ __all__ = [
     "running_workers",
     "scratch_database",
     "server_settings",
+    "sibling_database",
+    "use_database",
 ]

@@ -1,21 +1,26 @@
-"""The phases of one run: in-process cases, the submit profile, worker pipelines and
-scale. Each fills the shared ``BenchResult``; ``runner`` strings them together."""
+"""The phases of one run: worker pipelines, in-process cases and scale. Each fills
+the shared ``BenchResult``; ``runner`` strings them together (with call_profiles)."""
 
 from __future__ import annotations
 
-import re
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
 
-from effect_broker.services import dispatch as dispatch_service
+from config.database import url_from_settings
 from examples.bench.baselines import AgentLedger, HandRolled, agent_ledger_version
-from examples.bench.broker_cases import ARGUMENTS, BrokerCases
-from examples.bench.environment import Services, running_workers
+from examples.bench.broker_cases import ARGUMENTS, BrokerCases, bench_tenant
+from examples.bench.environment import (
+    BenchDatabase,
+    Services,
+    running_workers,
+    sibling_database,
+    use_database,
+)
 from examples.bench.floors import InsertFloor, ProcrastinateDefer
 from examples.bench.options import BenchOptions
 from examples.bench.pipeline import Pipeline
@@ -108,87 +113,6 @@ def in_process(
         floor.close()
         if agent is not None:
             agent.close()
-
-
-@contextmanager
-def _timed_commits(totals: dict[str, float]) -> Iterator[None]:
-    # Profiling only: Django's commit does not pass through execute wrappers, so time
-    # the wrapper's private _commit on this connection object while the block runs.
-    original = connection._commit  # type: ignore[attr-defined]
-
-    def timed() -> None:
-        began = time.perf_counter()
-        try:
-            original()
-        finally:
-            totals["COMMIT (WAL flush to disk: fsync)"] += time.perf_counter() - began
-
-    connection._commit = timed  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        del connection._commit  # type: ignore[attr-defined]
-
-
-_TABLE = re.compile(r"\b(?:INTO|UPDATE|FROM)\s+(\w+)")
-
-
-def _part(sql: str) -> str:
-    text = " ".join(sql.split())
-    if "procrastinate_defer_jobs" in text:
-        return "job: procrastinate_defer_jobs_v1 (row, events trigger, NOTIFY)"
-    if text.startswith(("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO")):
-        return "SAVEPOINT / RELEASE (the job defer nests one)"
-    verb = text.split(" ", 1)[0]
-    match = _TABLE.search(text)
-    table = match[1] if match else "?"
-    if verb == "INSERT" and table == "effect_intents":
-        return "INSERT effect_intents … ON CONFLICT DO NOTHING RETURNING"
-    if verb == "UPDATE" and table == "effect_intents":
-        return "UPDATE effect_intents: fenced CAS (+ previous event digest)"
-    if verb == "SELECT" and "arguments_ciphertext" in text:
-        return "SELECT effect_intents: encrypted arguments"
-    return f"{verb} {table}"
-
-
-def _profile(
-    call: Callable[[int], object], n: int, *, start: int
-) -> list[tuple[str, float]]:
-    """Each statement's round trips, the commits, and what remains (Python), in mean
-    milliseconds per call of ``call``."""
-    totals: dict[str, float] = defaultdict(float)
-
-    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        began = time.perf_counter()
-        try:
-            return execute(sql, params, many, context)
-        finally:
-            totals[_part(sql)] += time.perf_counter() - began
-
-    with connection.execute_wrapper(wrapper), _timed_commits(totals):
-        wall = sum(time_calls(call, n, start=start))
-    parts = sorted(totals.items(), key=lambda kv: -kv[1])
-    python = wall - sum(totals.values())
-    return [(what, seconds / n * 1e3) for what, seconds in parts] + [
-        ("Python (everything outside the database round trips)", python / n * 1e3)
-    ]
-
-
-def profiles(result: BenchResult, opts: BenchOptions, cases: BrokerCases) -> None:
-    """Where a new-key submit and a dispatch (claim → simulated call → receipt)
-    spend their time."""
-    time_calls(cases.submit_new, opts.warmup, start=WARMUP_BASE + 1_000_000)
-    result.profiles["broker submit, new key"] = _profile(
-        cases.submit_new, opts.samples, start=WARMUP_BASE + 2_000_000
-    )
-    ready = [cases.prepare("profile-dispatch", i) for i in range(opts.samples)]
-
-    def dispatch(i: int) -> object:
-        return dispatch_service.dispatch(ready[i].effect_id, worker="bench-profile")
-
-    result.profiles["broker dispatch job body: claim → call → receipt"] = _profile(
-        dispatch, opts.samples, start=0
-    )
 
 
 def pipelines(
@@ -315,53 +239,91 @@ def _reconciliation(
     )
 
 
+@dataclass
+class _Ledger:
+    size: int
+    database: str
+    url: str
+    cases: BrokerCases
+    existing: Any
+    seeded: int
+    seed_seconds: float
+    submit: LatencyCase
+    claim: LatencyCase
+
+
 def scales(
     result: BenchResult,
     opts: BenchOptions,
     cases: BrokerCases,
-    database_url: str,
+    db: BenchDatabase,
     say: Say,
 ) -> None:
-    """Grow the ledger to each size; measure submit and claim; plans at the largest."""
-    existing = cases.submit_new_series("scale-replay", 0)
-    for size in opts.scales:
-        name = label(size)
-        say(f"      ledger → {name} effects: seeding with generate_series")
-        began = time.monotonic()
-        seeded, notes = seed_to(database_url, size, cases.tenant_id, progress=say)
-        seed_seconds = time.monotonic() - began
-        result.notes.extend(notes)
-        submit = LatencyCase(f"scale_{name}_submit", f"submit, {name} ledger", "scale")
-        claim = LatencyCase(f"scale_{name}_claim", f"claim, {name} ledger", "scale")
-        _measure_scale(cases, opts, f"scale{size}", submit, claim)
-        result.scales.append(
-            ScaleResult(
-                size,
-                name,
-                intent_count(database_url),
-                seeded,
-                seed_seconds,
-                submit,
-                claim,
+    """One ledger per size (the run's own database for the smallest, a sibling for
+    each larger one), seeded with generate_series; then submit and claim measured on
+    them turn about, repetition by repetition, so drift on the machine touches every
+    size alike; plans on the largest."""
+    with ExitStack() as siblings:
+        ledgers: list[_Ledger] = []
+        for index, size in enumerate(opts.scales):
+            name = label(size)
+            database = db.name
+            if index > 0:
+                database = siblings.enter_context(sibling_database(db, name.lower()))
+            use_database(database)
+            own = cases if index == 0 else BrokerCases(bench_tenant())
+            url = url_from_settings(connection.settings_dict)
+            say(f"      ledger of {name} effects: seeding with generate_series")
+            began = time.monotonic()
+            seeded, notes = seed_to(url, size, own.tenant_id, progress=say)
+            result.notes.extend(notes)
+            ledgers.append(
+                _Ledger(
+                    size,
+                    database,
+                    url,
+                    own,
+                    own.submit_new_series("scale-replay", 0),
+                    seeded,
+                    time.monotonic() - began,
+                    LatencyCase(
+                        f"scale_{name}_submit", f"submit, {name} ledger", "scale"
+                    ),
+                    LatencyCase(f"scale_{name}_claim", f"claim, {name} ledger", "scale"),
+                )
             )
-        )
-        say(
-            f"      {name}: submit median {submit.median * 1e3:.2f} ms, "
-            f"claim median {claim.median * 1e3:.2f} ms"
-        )
-        if size == opts.scales[-1]:
-            result.plans = capture_plans(cases, existing)
-            result.plans_at = f"{name} ({intent_count(database_url):,}-row)"
+        for rep in range(opts.repetitions):
+            say(f"      repetition {rep + 1}/{opts.repetitions} on every ledger")
+            for ledger in ledgers:
+                use_database(ledger.database)  # a new backend: warm it up first
+                _measure_scale(ledger, opts, rep)
+        for ledger in ledgers:
+            use_database(ledger.database)
+            result.scales.append(
+                ScaleResult(
+                    ledger.size,
+                    label(ledger.size),
+                    intent_count(ledger.url),
+                    ledger.seeded,
+                    ledger.seed_seconds,
+                    ledger.submit,
+                    ledger.claim,
+                )
+            )
+        largest = ledgers[-1]
+        use_database(largest.database)
+        # A few calls first, so plan times are not those of a cold backend.
+        for i in range(5):
+            largest.cases.claim(largest.cases.prepare("plan-warm", i))
+        result.plans = capture_plans(largest.cases, largest.existing)
+        result.plans_at = f"{label(largest.size)} ({intent_count(largest.url):,}-row)"
+        use_database(db.name)
 
 
-def _measure_scale(
-    cases: BrokerCases,
-    opts: BenchOptions,
-    prefix: str,
-    submit: LatencyCase,
-    claim: LatencyCase,
-) -> None:
-    """Submit and claim, warmed up, ``opts.repetitions`` times."""
+def _measure_scale(ledger: _Ledger, opts: BenchOptions, rep: int) -> None:
+    """One repetition of submit and claim on ``ledger``, after a warm-up."""
+    cases = ledger.cases
+    prefix = f"scale{ledger.size}"
 
     def submit_one(i: int) -> object:
         return cases.submit_new_series(prefix, i)
@@ -369,11 +331,11 @@ def _measure_scale(
     def claimer(records: list[Any]) -> Callable[[int], object]:
         return lambda i: cases.claim(records[i])
 
-    warm = [cases.prepare(f"{prefix}-warm", i) for i in range(opts.warmup)]
+    warm_start = WARMUP_BASE + rep * opts.warmup
+    warm = [cases.prepare(f"{prefix}-warm", warm_start + i) for i in range(opts.warmup)]
     time_calls(claimer(warm), opts.warmup)
-    time_calls(submit_one, opts.warmup, start=WARMUP_BASE)
-    for rep in range(opts.repetitions):
-        first = rep * opts.samples
-        submit.add_repetition(time_calls(submit_one, opts.samples, start=first))
-        ready = [cases.prepare(f"{prefix}-claim", first + i) for i in range(opts.samples)]
-        claim.add_repetition(time_calls(claimer(ready), opts.samples))
+    time_calls(submit_one, opts.warmup, start=warm_start)
+    first = rep * opts.samples
+    ledger.submit.add_repetition(time_calls(submit_one, opts.samples, start=first))
+    ready = [cases.prepare(f"{prefix}-claim", first + i) for i in range(opts.samples)]
+    ledger.claim.add_repetition(time_calls(claimer(ready), opts.samples))

@@ -294,7 +294,7 @@ def plans_table(result: BenchResult) -> str:
     """The hot statements at the largest ledger size: access path, time, seq scan."""
     lines = [
         f"Plans on the {result.plans_at} ledger (EXPLAIN (ANALYZE, BUFFERS) of the exact "
-        "statements the code runs; full text in --json)",
+        "statements the code runs, one execution each; full text in --json)",
         "",
         "| operation | statement | access path | execution "
         "| seq scan on effect_intents |",

@@ -18,6 +18,7 @@ from effect_broker.domain.contracts import load_contracts
 from effect_broker.services import runtime
 from examples.bench import phases
 from examples.bench.broker_cases import BrokerCases, bench_tenant
+from examples.bench.call_profiles import profiles
 from examples.bench.chart import matplotlib_missing, write_chart
 from examples.bench.environment import (
     Services,
@@ -118,12 +119,12 @@ def run(out: Output, opts: BenchOptions) -> int:
                 )
                 phases.in_process(result, opts, cases, db.url, progress.say)
                 progress.next("profiling a submit and a dispatch")
-                phases.profiles(result, opts, cases)
+                profiles(result, opts, cases)
                 if opts.scales:
                     progress.next(
                         "scale: seed the ledger, measure submit and claim, plans"
                     )
-                    phases.scales(result, opts, cases, db.url, progress.say)
+                    phases.scales(result, opts, cases, db, progress.say)
         finally:
             services.close()
             runtime.reset()
