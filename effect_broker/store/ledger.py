@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection, transaction
 
@@ -376,10 +376,10 @@ def record_stale_write(error: StaleWriteError, *, actor: str, now: datetime) -> 
         cur.execute(
             sql.INSERT_STALE_WRITE,
             [
-                details.get("effect_id"),
+                cast(str | None, details.get("effect_id")),
                 actor,
-                details.get("expected_version"),
-                details.get("actual_version"),
+                cast(int | None, details.get("expected_version")),
+                cast(int | None, details.get("actual_version")),
                 str(details.get("attempted", "")),
                 now,
             ],

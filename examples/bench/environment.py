@@ -27,9 +27,9 @@ from config.database import url_from_settings
 from effect_broker.services.runtime import get_runtime
 from examples.crash_matrix.contracts import contracts_toml
 from examples.crash_matrix.rig import (
-    _create_scratch_database,
-    _drop_scratch_database,
     _use_own_embedded_server,
+    create_scratch_database,
+    drop_scratch_database,
 )
 from examples.crash_matrix.target_client import TargetProcess, start_target
 from examples.crash_matrix.workers import ROOT, WorkerProcess, broker_env, wait_until
@@ -87,7 +87,7 @@ def scratch_database() -> Iterator[BenchDatabase]:
         connection.ensure_connection()  # starts the embedded server when in use
         admin_url = url_from_settings(connection.settings_dict)
         name = f"eb_bench_{os.getpid()}"
-        _create_scratch_database(admin_url, name)
+        create_scratch_database(admin_url, name)
         connections.close_all()
         connection.settings_dict["NAME"] = name
         try:
@@ -96,7 +96,7 @@ def scratch_database() -> Iterator[BenchDatabase]:
             yield BenchDatabase(url, name, where, admin_url)
         finally:
             connections.close_all()
-            _drop_scratch_database(admin_url, name)
+            drop_scratch_database(admin_url, name)
     finally:
         if own_server is not None:
             from effect_broker import embedded_pg
@@ -116,7 +116,7 @@ def sibling_database(db: BenchDatabase, suffix: str) -> Iterator[str]:
     ledger sizes can be measured turn about); dropped on exit. Leaves Django on
     ``db``."""
     name = f"{db.name}_{suffix}"
-    _create_scratch_database(db.admin_url, name)
+    create_scratch_database(db.admin_url, name)
     try:
         use_database(name)
         call_command("migrate", verbosity=0, interactive=False)
@@ -124,7 +124,7 @@ def sibling_database(db: BenchDatabase, suffix: str) -> Iterator[str]:
         yield name
     finally:
         use_database(db.name)
-        _drop_scratch_database(db.admin_url, name)
+        drop_scratch_database(db.admin_url, name)
 
 
 def server_settings(database_url: str) -> dict[str, str]:

@@ -255,7 +255,7 @@ class Rig:
         return self.target.count_by_body(body)
 
 
-def _create_scratch_database(admin_url: str, name: str) -> None:
+def create_scratch_database(admin_url: str, name: str) -> None:
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
@@ -265,7 +265,7 @@ def _create_scratch_database(admin_url: str, name: str) -> None:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
-def _drop_scratch_database(admin_url: str, name: str) -> None:
+def drop_scratch_database(admin_url: str, name: str) -> None:
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
@@ -307,7 +307,7 @@ def open_rig(*, workers: int = 3, keep_database: bool = False) -> Iterator[Rig]:
     connection.ensure_connection()  # starts the embedded server when that is in use
     admin_url = url_from_settings(connection.settings_dict)
     scratch = f"eb_crash_matrix_{os.getpid()}"
-    _create_scratch_database(admin_url, scratch)
+    create_scratch_database(admin_url, scratch)
     # From here on every Django connection of this process uses the scratch database.
     connections.close_all()
     connection.settings_dict["NAME"] = scratch
@@ -343,7 +343,7 @@ def open_rig(*, workers: int = 3, keep_database: bool = False) -> Iterator[Rig]:
         runtime.reset()
         connections.close_all()
         if not keep_database:
-            _drop_scratch_database(admin_url, scratch)
+            drop_scratch_database(admin_url, scratch)
         if own_server is not None:
             from effect_broker import embedded_pg
 
