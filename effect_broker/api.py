@@ -32,7 +32,7 @@ from effect_broker.domain.errors import (
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus
 from effect_broker.models import Tenant
-from effect_broker.services import resolution
+from effect_broker.services import inspection, resolution
 from effect_broker.services.resolution import Resolution
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import authenticate
@@ -301,7 +301,7 @@ class ReceiptOut(Schema):
 def effect_history(
     request: HttpRequest, effect_id: str, at_sequence: int | None = None
 ) -> dict[str, Any]:
-    folded = resolution.history(_tenant(request), _uuid(effect_id), at_sequence)
+    folded = inspection.history(_tenant(request), _uuid(effect_id), at_sequence)
     return {
         "effect_id": folded.effect_id,
         "at_sequence": folded.at_sequence,
@@ -334,7 +334,7 @@ def effect_history(
     summary="Return the immutable terminal receipt (404 while there is none)",
 )
 def effect_receipt(request: HttpRequest, effect_id: str) -> dict[str, Any]:
-    receipt = resolution.get_receipt(_tenant(request), _uuid(effect_id))
+    receipt = inspection.get_receipt(_tenant(request), _uuid(effect_id))
     return {
         "receipt_id": receipt.receipt_id,
         "effect_id": receipt.effect_id,

@@ -1,10 +1,10 @@
-"""Operator resolution of unknown outcomes, plus read-only history and receipts.
+"""Operator resolution of unknown outcomes, and requests to reconcile them.
 
 Spec "HTTP, CLI, and MCP surfaces": operator resolution has three explicit choices -
 attach proof of success, attach proof of non-commit and requeue where the contract
 permits it, or mark final failure - and there is no "retry anyway" shortcut for unsafe
-effects. Spec "Replay and time-travel semantics": history only folds stored events; it
-never invokes an adapter.
+effects. The read-only side (effect lookup, history, receipts, the operator listing)
+is ``services.inspection``.
 
 Each resolution is ONE transaction of fenced writes: both events when it passes through
 MANUAL_REVIEW (the table has no direct edge out of OUTCOME_UNKNOWN), the receipt, the
@@ -18,7 +18,6 @@ alerts on fenced-out workers).
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,25 +27,20 @@ from typing import Any
 from django.db import transaction
 
 from effect_broker import store
-from effect_broker.domain.canonical import canonical_json, parse_json_strict
+from effect_broker.domain.canonical import canonical_json
 from effect_broker.domain.errors import (
-    EffectNotFoundError,
-    EventChainBrokenError,
     IllegalTransitionError,
     InvalidRequestError,
-    TenantNotFoundError,
     UnknownContractError,
 )
+from effect_broker.domain.ids import new_row_id
 from effect_broker.domain.keys import digest_hex
-from effect_broker.domain.payload_crypto import decrypt
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus, SafetyClass, is_terminal
-from effect_broker.models import EffectIntent, EffectReceipt, Tenant
-from effect_broker.services.payloads import result_aad, seal_result
+from effect_broker.models import Tenant
+from effect_broker.services import inspection
+from effect_broker.services.payloads import seal_result
 from effect_broker.services.runtime import Runtime, get_runtime
-from effect_broker.store.reads import MAX_PAGE, StoredEvent
-from effect_broker.store.rows import record_from_row
-from effect_broker.store.sql import INTENT_COLUMNS
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +55,6 @@ MAX_EXTERNAL_ID_CHARS = 500
 MAX_EVIDENCE_BYTES = 64 * 1024
 
 _SETTLED = {"lease_owner": None, "lease_expires_at": None, "next_action_at": None}
-# verify_event_chain reads the version, then the events; a write committing in between
-# looks like one event too many. A real break survives a re-read, a race does not.
-_VERIFY_TRIES = 3
 
 
 class Resolution(StrEnum):
@@ -80,53 +71,6 @@ class ReconcileRequest:
 
     effect: EffectRecord
     deferred: bool
-
-
-@dataclass(frozen=True, slots=True)
-class EffectHistory:
-    """An effect folded from its verified events up to ``at_sequence`` (read-only)."""
-
-    effect_id: str
-    at_sequence: int
-    latest_sequence: int
-    status: EffectStatus
-    version: int
-    events: tuple[StoredEvent, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class StoredReceipt:
-    """A terminal receipt with its result decrypted."""
-
-    receipt_id: str
-    effect_id: str
-    external_id: str | None
-    result: Mapping[str, Any]
-    result_preview: Mapping[str, Any]
-    evidence_digest: str
-    target_timestamp: datetime | None
-    contract_version: str
-    downstream_key_digest: str
-    created_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class OperatorRow:
-    """One line of the cross-tenant operator listing."""
-
-    effect: EffectRecord
-    tenant_name: str
-    needs_operator: bool
-
-
-def needs_operator(record: EffectRecord) -> bool:
-    """True when only an operator can move the effect on (nothing automatic will)."""
-    if record.status is EffectStatus.MANUAL_REVIEW:
-        return True
-    return (
-        record.status is EffectStatus.OUTCOME_UNKNOWN
-        and record.safety is SafetyClass.UNSAFE
-    )
 
 
 # --- resolutions ------------------------------------------------------------------
@@ -201,7 +145,7 @@ def resolve_succeeded(
     external = _external_id(external_id)
     record = _resolvable(tenant, effect_id, EffectStatus.SUCCEEDED)
     key_id, blob, preview = seal_result(rt, record, proof, _preview_fields(rt, record))
-    receipt_id = str(uuid.uuid4())
+    receipt_id = new_row_id()
     now = rt.clock.now()
     with transaction.atomic():
         review = _to_review(record, Resolution.SUCCEEDED, actor=actor, now=now)
@@ -350,7 +294,7 @@ def request_reconciliation(
     and decides itself whether the probe is due yet (settlement deadline).
     """
     rt = runtime or get_runtime()
-    record = get_effect(tenant, effect_id)
+    record = inspection.get_effect(tenant, effect_id)
     if record.status is not EffectStatus.OUTCOME_UNKNOWN:
         return ReconcileRequest(effect=record, deferred=False)
     if record.safety is SafetyClass.UNSAFE:
@@ -377,137 +321,11 @@ def request_reconciliation(
     return ReconcileRequest(effect=record, deferred=True)
 
 
-# --- read-only: history, receipts, operator listing -------------------------------
-
-
-def history(
-    tenant: Tenant, effect_id: str, at_sequence: int | None = None
-) -> EffectHistory:
-    """Fold the verified event chain into the state at ``at_sequence`` (default: now)."""
-    record = get_effect(tenant, effect_id)
-    verified = _verified_length(record)
-    # Events are append-only, so the verified prefix re-read here is the one verified.
-    events = [
-        e for e in store.load_events(record.effect_id) if e.facts.sequence <= verified
-    ]
-    last = verified if at_sequence is None else at_sequence
-    if isinstance(last, bool) or not 1 <= last <= verified:
-        raise InvalidRequestError(
-            f"at_sequence must be between 1 and {verified} for effect {record.effect_id}",
-            latest_sequence=verified,
-        )
-    status: str | None = None
-    for event in events[:last]:
-        if event.facts.old_status != status:
-            raise EventChainBrokenError(
-                f"event {event.facts.sequence}: leaves {event.facts.old_status} but the "
-                f"effect was {status}",
-                sequence=event.facts.sequence,
-            )
-        status = event.facts.new_status
-    folded = events[last - 1].facts
-    return EffectHistory(
-        effect_id=record.effect_id,
-        at_sequence=last,
-        latest_sequence=verified,
-        status=EffectStatus(folded.new_status),
-        version=folded.version,
-        events=tuple(events[:last]),
-    )
-
-
-def get_receipt(
-    tenant: Tenant, effect_id: str, *, runtime: Runtime | None = None
-) -> StoredReceipt:
-    """Return the effect's stored receipt with its result decrypted."""
-    rt = runtime or get_runtime()
-    record = get_effect(tenant, effect_id)
-    row = EffectReceipt.objects.filter(effect_id=uuid.UUID(record.effect_id)).first()
-    if row is None:
-        raise EffectNotFoundError(
-            f"effect {record.effect_id} has no receipt (status {record.status.value}); "
-            "only a succeeded effect has one",
-            effect_id=record.effect_id,
-            effect_status=record.status.value,
-        )
-    plaintext = decrypt(
-        rt.keyring,
-        row.result_key_id,
-        row.result_ciphertext,
-        aad=result_aad(record.tenant_id, record.operation_key),
-    )
-    result = parse_json_strict(plaintext)
-    return StoredReceipt(
-        receipt_id=str(row.id),
-        effect_id=record.effect_id,
-        external_id=row.external_id,
-        result=result if isinstance(result, dict) else {"value": result},
-        result_preview=dict(row.result_preview),
-        evidence_digest=row.evidence_digest,
-        target_timestamp=row.target_timestamp,
-        contract_version=row.contract_version,
-        downstream_key_digest=row.downstream_key_digest,
-        created_at=row.created_at,
-    )
-
-
-def list_for_operators(
-    *,
-    tenant_name: str | None = None,
-    status: EffectStatus | None = None,
-    tool: str | None = None,
-    limit: int = 50,
-) -> list[OperatorRow]:
-    """List effects across tenants, newest first: privileged (CLI and admin only)."""
-    query = EffectIntent.objects.all()
-    if tenant_name is not None:
-        tenant = Tenant.objects.filter(name=tenant_name).first()
-        if tenant is None:
-            raise TenantNotFoundError(f"no tenant named {tenant_name!r}")
-        query = query.filter(tenant_id=tenant.id)
-    if status is not None:
-        query = query.filter(status=status.value)
-    if tool is not None:
-        query = query.filter(tool=tool)
-    rows = query.order_by("-created_at", "-id").values_list(*INTENT_COLUMNS)
-    records = [record_from_row(row) for row in rows[: max(1, min(limit, MAX_PAGE))]]
-    names = dict(
-        Tenant.objects.filter(id__in={r.tenant_id for r in records}).values_list(
-            "id", "name"
-        )
-    )
-    return [
-        OperatorRow(r, names.get(uuid.UUID(r.tenant_id), "?"), needs_operator(r))
-        for r in records
-    ]
-
-
-def get_effect(tenant: Tenant, effect_id: str) -> EffectRecord:
-    """Return one effect of ``tenant`` (a malformed id is simply not found)."""
-    return store.get_effect(str(tenant.id), _effect_uuid(effect_id))
-
-
-def tenant_of(effect_id: str) -> Tenant:
-    """The tenant owning ``effect_id``: privileged, for operator tools acting across
-    tenants (CLI, admin); callers of the API get their tenant from their key."""
-    tenant = Tenant.objects.filter(effects__id=_effect_uuid(effect_id)).first()
-    if tenant is None:
-        raise EffectNotFoundError(f"no effect {effect_id}")
-    return tenant
-
-
 # --- internals --------------------------------------------------------------------
 
 
-def _effect_uuid(effect_id: str) -> str:
-    try:
-        return str(uuid.UUID(str(effect_id)))
-    except ValueError:
-        raise EffectNotFoundError(f"no effect {effect_id}") from None
-
-
 def _resolvable(tenant: Tenant, effect_id: str, target: EffectStatus) -> EffectRecord:
-    record = get_effect(tenant, effect_id)
+    record = inspection.get_effect(tenant, effect_id)
     if record.status in RESOLVABLE:
         return record
     details = {
@@ -545,17 +363,6 @@ def _to_review(
         metadata={"resolution": resolution.value},
         changes=_SETTLED,
     )
-
-
-def _verified_length(record: EffectRecord) -> int:
-    for _ in range(_VERIFY_TRIES - 1):
-        before = store.get_effect(record.tenant_id, record.effect_id).version
-        try:
-            return store.verify_event_chain(record.effect_id)
-        except EventChainBrokenError:
-            if store.get_effect(record.tenant_id, record.effect_id).version == before:
-                raise
-    return store.verify_event_chain(record.effect_id)
 
 
 def _preview_fields(rt: Runtime, record: EffectRecord) -> tuple[str, ...]:

@@ -1,5 +1,6 @@
 """Operator surfaces over HTTP: the REST endpoints (problem+json on every refusal) and
-the Django admin actions and form. Both are thin glue over services.resolution."""
+the Django admin actions and form. Both are thin glue over services.resolution (and
+services.inspection for the history and receipt reads)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Operator resolution, history and receipts (services.resolution) on the real ledger.
+"""Operator resolution (services.resolution) on the real ledger.
 
 Spec "HTTP, CLI, and MCP surfaces": three explicit choices, no "retry anyway" for unsafe
 effects. Negative tests assert that nothing changed: status, version, events, receipts,
@@ -21,14 +21,13 @@ from effect_broker.domain.errors import (
     IllegalTransitionError,
     InvalidRequestError,
     StaleWriteError,
-    TenantNotFoundError,
 )
 from effect_broker.domain.keys import digest_hex
 from effect_broker.domain.payload_crypto import REDACTED
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import EffectReceipt
-from effect_broker.services import resolution
+from effect_broker.services import inspection, resolution
 from effect_broker.services.dispatch import dispatch
 from effect_broker.services.reconcile import reconcile
 from effect_broker.store import load_effect_for_worker, load_events, verify_event_chain
@@ -46,20 +45,9 @@ def bench(db: None) -> Iterator[Bench]:
         yield b
 
 
-def unknown(
-    bench: Bench, safety: SafetyClass, fault: Fault = Fault.LOSE_RESPONSE
-) -> EffectRecord:
-    """An effect whose dispatch ended in OUTCOME_UNKNOWN."""
-    record = bench.submit(safety)
-    bench.targets[safety].inject(fault)
-    after = dispatch(record.effect_id, worker="w1")
-    assert after.status is S.OUTCOME_UNKNOWN
-    return after
-
-
 def in_manual_review(bench: Bench) -> EffectRecord:
     """An idempotent effect whose key retention lapsed while its outcome was unknown."""
-    record = unknown(bench, IDEMPOTENT, Fault.TIMEOUT_BEFORE_COMMIT)
+    record = bench.unknown_outcome(IDEMPOTENT, Fault.TIMEOUT_BEFORE_COMMIT)
     bench.advance(3600 - 30)  # inside the retention safety margin
     after = reconcile(record.effect_id, worker="w2")
     assert after.status is S.MANUAL_REVIEW
@@ -97,7 +85,7 @@ def test_success_from_unknown_passes_review_and_writes_exactly_one_receipt(
     bench, caplog
 ) -> None:
     # Given an unsafe effect whose response was lost after the target committed
-    record = unknown(bench, UNSAFE)
+    record = bench.unknown_outcome(UNSAFE)
     jobs_before = list(bench.scheduler.requests)
     caplog.set_level(logging.INFO, logger="effect_broker")
     # When an operator attaches proof of success
@@ -127,7 +115,7 @@ def test_success_from_unknown_passes_review_and_writes_exactly_one_receipt(
     assert str(receipt_row.id) == done.receipt_id
     assert receipt_row.evidence_digest == digest
     assert b"secret-card-4242" not in bytes(receipt_row.result_ciphertext)
-    receipt = resolution.get_receipt(bench.tenant, done.effect_id)
+    receipt = inspection.get_receipt(bench.tenant, done.effect_id)
     assert receipt.result == PROOF
     assert receipt.external_id == "ch_777"
     assert receipt.result_preview["note"] == REDACTED
@@ -159,7 +147,7 @@ def test_success_from_manual_review_is_one_event(bench) -> None:
 def test_success_without_proof_reason_or_operator_is_refused(
     bench, operator, reason, evidence
 ) -> None:
-    record = unknown(bench, UNSAFE)
+    record = bench.unknown_outcome(UNSAFE)
     before = snapshot(bench, record)
     with pytest.raises(InvalidRequestError):
         resolution.resolve_succeeded(
@@ -177,7 +165,7 @@ def test_success_without_proof_reason_or_operator_is_refused(
 
 def test_unsafe_not_committed_with_evidence_requeues_and_applies_once(bench) -> None:
     # Given an unsafe request that reached the target, committed nothing, got no answer
-    record = unknown(bench, UNSAFE, Fault.TIMEOUT_BEFORE_COMMIT)
+    record = bench.unknown_outcome(UNSAFE, Fault.TIMEOUT_BEFORE_COMMIT)
     assert bench.target_rows(record) == 0
     # When an operator attests, with evidence, that the target never applied it
     requeued = resolution.resolve_not_committed(
@@ -209,7 +197,7 @@ def test_unsafe_not_committed_with_evidence_requeues_and_applies_once(bench) -> 
 def test_unsafe_not_committed_without_evidence_is_refused_and_nothing_changes(
     bench, reason, evidence
 ) -> None:
-    record = unknown(bench, UNSAFE, Fault.TIMEOUT_BEFORE_COMMIT)
+    record = bench.unknown_outcome(UNSAFE, Fault.TIMEOUT_BEFORE_COMMIT)
     before = snapshot(bench, record)
     with pytest.raises(InvalidRequestError):
         resolution.resolve_not_committed(
@@ -277,7 +265,7 @@ def test_idempotent_past_retention_not_committed_resends_once(bench) -> None:
 
 
 def test_failed_from_unknown_is_final_without_a_receipt(bench) -> None:
-    record = unknown(bench, IDEMPOTENT, Fault.TIMEOUT_BEFORE_COMMIT)
+    record = bench.unknown_outcome(IDEMPOTENT, Fault.TIMEOUT_BEFORE_COMMIT)
     jobs_before = list(bench.scheduler.requests)
     failed = resolution.resolve_failed(
         bench.tenant, record.effect_id, operator="frank", reason="customer cancelled"
@@ -292,7 +280,7 @@ def test_failed_from_unknown_is_final_without_a_receipt(bench) -> None:
     }
     assert bench.scheduler.requests == jobs_before
     with pytest.raises(EffectNotFoundError, match="no receipt"):
-        resolution.get_receipt(bench.tenant, record.effect_id)
+        inspection.get_receipt(bench.tenant, record.effect_id)
     # The reconcile job that was already queued finds nothing to do
     assert reconcile(record.effect_id, worker="w2").status is S.FAILED_FINAL
     assert bench.targets[IDEMPOTENT].requests == 1
@@ -325,7 +313,7 @@ def test_resolution_of_a_prepared_effect_is_refused(bench, choice) -> None:
 
 @pytest.mark.parametrize("choice", list(resolution.Resolution))
 def test_a_settled_effect_is_never_resolved_again(bench, choice) -> None:
-    record = unknown(bench, UNSAFE)
+    record = bench.unknown_outcome(UNSAFE)
     resolution.resolve_succeeded(
         bench.tenant, record.effect_id, operator="alice", reason="seen", evidence=PROOF
     )
@@ -338,7 +326,7 @@ def test_a_settled_effect_is_never_resolved_again(bench, choice) -> None:
 
 
 def test_an_unknown_resolution_name_is_refused(bench) -> None:
-    record = unknown(bench, UNSAFE)
+    record = bench.unknown_outcome(UNSAFE)
     with pytest.raises(InvalidRequestError, match="retry_anyway"):
         resolution.resolve(
             bench.tenant,
@@ -350,7 +338,7 @@ def test_an_unknown_resolution_name_is_refused(bench) -> None:
 
 
 def test_everything_is_tenant_scoped(bench, other_tenant) -> None:
-    record = unknown(bench, UNSAFE)
+    record = bench.unknown_outcome(UNSAFE)
     before = snapshot(bench, record)
     calls = [
         lambda: resolution.resolve_succeeded(
@@ -363,9 +351,9 @@ def test_everything_is_tenant_scoped(bench, other_tenant) -> None:
             other_tenant, record.effect_id, operator="x", reason="y"
         ),
         lambda: resolution.request_reconciliation(other_tenant, record.effect_id),
-        lambda: resolution.history(other_tenant, record.effect_id),
-        lambda: resolution.get_receipt(other_tenant, record.effect_id),
-        lambda: resolution.get_effect(other_tenant, "not-a-uuid"),
+        lambda: inspection.history(other_tenant, record.effect_id),
+        lambda: inspection.get_receipt(other_tenant, record.effect_id),
+        lambda: inspection.get_effect(other_tenant, "not-a-uuid"),
     ]
     for call in calls:
         with pytest.raises(EffectNotFoundError):
@@ -377,7 +365,7 @@ def test_a_concurrent_write_refuses_the_resolution_and_writes_nothing(
     bench, monkeypatch
 ) -> None:
     # Given the operator read the effect, and then another writer moved it on
-    record = unknown(bench, UNSAFE)
+    record = bench.unknown_outcome(UNSAFE)
     store.touch(record, event_type="test_bump", actor="other", now=bench.clock.now())
     before = snapshot(bench, record)
     # (simulate the read-then-write race: the service sees the operator's stale read)
@@ -394,7 +382,7 @@ def test_a_concurrent_write_refuses_the_resolution_and_writes_nothing(
 
 
 def test_reconciliation_request_defers_a_job_for_a_non_unsafe_unknown(bench) -> None:
-    record = unknown(bench, IDEMPOTENT)
+    record = bench.unknown_outcome(IDEMPOTENT)
     asked = resolution.request_reconciliation(bench.tenant, record.effect_id)
     assert asked.deferred is True
     assert asked.effect.status is S.OUTCOME_UNKNOWN
@@ -404,7 +392,7 @@ def test_reconciliation_request_defers_a_job_for_a_non_unsafe_unknown(bench) -> 
 
 
 def test_reconciliation_of_an_unsafe_unknown_is_refused_never_retried(bench) -> None:
-    record = unknown(bench, UNSAFE)
+    record = bench.unknown_outcome(UNSAFE)
     before = snapshot(bench, record)
     with pytest.raises(IllegalTransitionError) as refused:
         resolution.request_reconciliation(bench.tenant, record.effect_id)
@@ -423,48 +411,3 @@ def test_reconciliation_request_in_other_states_is_a_no_op(bench, settled) -> No
     assert asked.deferred is False
     assert asked.effect.status is record.status
     assert snapshot(bench, record) == before
-
-
-# --- history and operator listing -------------------------------------------------
-
-
-def test_history_folds_events_at_any_sequence_without_touching_the_target(bench) -> None:
-    record = unknown(bench, UNSAFE)
-    done = resolution.resolve_succeeded(
-        bench.tenant, record.effect_id, operator="alice", reason="seen", evidence=PROOF
-    )
-    target = bench.targets[UNSAFE]
-    calls_before = (target.requests, target.lookups)
-    expected = [
-        "prepared",
-        "dispatching",
-        "outcome_unknown",
-        "manual_review",
-        "succeeded",
-    ]
-    for sequence, status in enumerate(expected, start=1):
-        folded = resolution.history(bench.tenant, record.effect_id, sequence)
-        assert (folded.status.value, folded.version) == (status, sequence)
-        assert [e.facts.sequence for e in folded.events] == list(range(1, sequence + 1))
-        assert folded.latest_sequence == done.version
-    latest = resolution.history(bench.tenant, record.effect_id)
-    assert (latest.at_sequence, latest.status) == (done.version, S.SUCCEEDED)
-    assert (target.requests, target.lookups) == calls_before
-    for bad in (0, done.version + 1):
-        with pytest.raises(InvalidRequestError, match="at_sequence"):
-            resolution.history(bench.tenant, record.effect_id, bad)
-
-
-def test_operator_listing_crosses_tenants_and_flags_what_needs_an_operator(
-    bench,
-) -> None:
-    stuck = unknown(bench, UNSAFE)
-    automatic = unknown(bench, IDEMPOTENT)
-    rows = resolution.list_for_operators(status=S.OUTCOME_UNKNOWN)
-    flags = {row.effect.effect_id: row.needs_operator for row in rows}
-    assert flags == {stuck.effect_id: True, automatic.effect_id: False}
-    assert {row.tenant_name for row in rows} == {bench.tenant.name}
-    assert resolution.list_for_operators(tenant_name=bench.tenant.name, tool="nope") == []
-    with pytest.raises(TenantNotFoundError):
-        resolution.list_for_operators(tenant_name="no-such-tenant")
-    assert resolution.tenant_of(stuck.effect_id) == bench.tenant

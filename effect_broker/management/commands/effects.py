@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from effect_broker.domain.canonical import canonical_json, parse_json_strict
 from effect_broker.domain.errors import InvalidRequestError
 from effect_broker.domain.states import EffectStatus
-from effect_broker.services import resolution
+from effect_broker.services import inspection, resolution
 from effect_broker.services.runtime import get_runtime
 
 _STATUSES = [s.value for s in EffectStatus]
@@ -135,7 +135,7 @@ class Command(BaseCommand):
             self._resolve(options)
 
     def _list(self, options: dict[str, Any]) -> None:
-        rows = resolution.list_for_operators(
+        rows = inspection.list_for_operators(
             tenant_name=options["tenant"],
             status=EffectStatus(options["status"]) if options["status"] else None,
             tool=options["tool"],
@@ -167,9 +167,9 @@ class Command(BaseCommand):
             self.stdout.write("* needs an operator: effect-broker effects resolve ID ...")
 
     def _inspect(self, effect_id: str, at_sequence: int | None) -> None:
-        tenant = resolution.tenant_of(effect_id)
-        record = resolution.get_effect(tenant, effect_id)
-        folded = resolution.history(tenant, effect_id, at_sequence)
+        tenant = inspection.tenant_of(effect_id)
+        record = inspection.get_effect(tenant, effect_id)
+        folded = inspection.history(tenant, effect_id, at_sequence)
         as_of = (
             "now"
             if folded.at_sequence == folded.latest_sequence
@@ -190,7 +190,7 @@ class Command(BaseCommand):
             self.stdout.write(f"attempts   {record.attempt_count}")
             if record.receipt_id:
                 self.stdout.write(f"receipt    {record.receipt_id}")
-            if resolution.needs_operator(record):
+            if inspection.needs_operator(record):
                 self.stdout.write(
                     "needs      an operator (effect-broker effects resolve)"
                 )
@@ -206,7 +206,7 @@ class Command(BaseCommand):
             )
 
     def _reconcile(self, effect_id: str) -> None:
-        tenant = resolution.tenant_of(effect_id)
+        tenant = inspection.tenant_of(effect_id)
         asked = resolution.request_reconciliation(tenant, effect_id, requested_by="cli")
         status = asked.effect.status.value
         if asked.deferred:
@@ -222,8 +222,8 @@ class Command(BaseCommand):
                 raise InvalidRequestError("--evidence must be a JSON object")
             evidence = parsed
         effect_id = options["effect_id"]
-        tenant = resolution.tenant_of(effect_id)
-        before = resolution.get_effect(tenant, effect_id).status.value
+        tenant = inspection.tenant_of(effect_id)
+        before = inspection.get_effect(tenant, effect_id).status.value
         after = resolution.resolve(
             tenant,
             effect_id,

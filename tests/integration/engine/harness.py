@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from effect_broker.adapters.base import DispatchRequest, DispatchResult, EffectAdapter
 from effect_broker.adapters.simulated_adapter import (
+    Fault,
     SimulatedAdapter,
     SimulatedLocalAdapter,
     SimulatedTarget,
@@ -22,10 +23,11 @@ from effect_broker.domain.contracts import (
     parse_contracts,
 )
 from effect_broker.domain.records import EffectRecord, EffectRequest
-from effect_broker.domain.states import SafetyClass
+from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import Tenant
 from effect_broker.scheduling import RecordingScheduler
 from effect_broker.services import runtime
+from effect_broker.services.dispatch import dispatch
 from effect_broker.services.runtime import EngineTiming
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import create_tenant
@@ -138,6 +140,16 @@ class Bench:
             arguments={"amount_minor": 100, "ref": key},
         )
         return submit(self.tenant, request).effect
+
+    def unknown_outcome(
+        self, safety: SafetyClass, fault: Fault = Fault.LOSE_RESPONSE
+    ) -> EffectRecord:
+        """An effect whose dispatch ended in OUTCOME_UNKNOWN (``fault`` says how)."""
+        record = self.submit(safety)
+        self.targets[safety].inject(fault)
+        after = dispatch(record.effect_id, worker="w1")
+        assert after.status is EffectStatus.OUTCOME_UNKNOWN
+        return after
 
     def target_rows(self, record: EffectRecord) -> int:
         """Effects the target really applied for this broker effect."""
