@@ -55,6 +55,9 @@ class EffectRecord:
     requested_by: str
     created_at: datetime
     updated_at: datetime
+    #: Digest of the event at ``version`` (the next event chains to it), when read
+    #: with the row; None when the row was read without it.
+    head_digest: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,7 @@ def dispatch(
 ) -> EffectRecord:
     """Dispatch ``effect_id`` if due; safe to call any number of times."""
     rt = runtime or get_runtime()
-    record = store.load_effect_for_worker(effect_id)
+    record, sealed = store.load_for_dispatch(effect_id)
     if record.status not in DISPATCHABLE:
         return record
     now = rt.clock.now()
@@ -62,14 +62,19 @@ def dispatch(
         return record
     contract = rt.registry.get(record.contract_name, record.contract_version)
     try:
-        return _dispatch_due(rt, record, contract, worker=worker)
+        return _dispatch_due(rt, record, contract, sealed, worker=worker)
     except StaleWriteError as exc:
         note_stale_write(rt, exc, actor=worker)
         return store.load_effect_for_worker(effect_id)
 
 
 def _dispatch_due(
-    rt: Runtime, record: EffectRecord, contract: EffectContract, *, worker: str
+    rt: Runtime,
+    record: EffectRecord,
+    contract: EffectContract,
+    sealed: store.SealedArguments,
+    *,
+    worker: str,
 ) -> EffectRecord:
     if record.attempt_count > contract.retry_limit:
         return outcomes.record_failed(
@@ -84,8 +89,10 @@ def _dispatch_due(
         return to_manual_review(rt, record, actor=worker, reason="key retention expired")
     adapter = rt.adapter_for(contract)
     if adapter.transactional:
-        return _dispatch_transactional(rt, record, contract, adapter, worker=worker)
-    return send_attempt(rt, record, contract, adapter, worker=worker)
+        return _dispatch_transactional(
+            rt, record, contract, adapter, worker=worker, sealed=sealed
+        )
+    return send_attempt(rt, record, contract, adapter, worker=worker, sealed=sealed)
 
 
 def within_key_retention(rt: Runtime, record: EffectRecord) -> bool:
@@ -142,9 +149,10 @@ def send_attempt(
     adapter: EffectAdapter,
     *,
     worker: str,
+    sealed: store.SealedArguments | None = None,
 ) -> EffectRecord:
     """Commit DISPATCHING + attempt, call the adapter once, record what happened."""
-    arguments = load_arguments(rt, record)
+    arguments = load_arguments(rt, record, sealed)
     record, attempt_id = store.start_attempt(
         record,
         worker=worker,
@@ -197,13 +205,14 @@ def _dispatch_transactional(
     adapter: EffectAdapter,
     *,
     worker: str,
+    sealed: store.SealedArguments,
 ) -> EffectRecord:
     """Safety class ``transactional``: mutation, receipt and event in ONE transaction.
 
     A crash anywhere inside rolls everything back, including the attempt row, so the
     effect is still PREPARED and the next job applies it exactly once.
     """
-    arguments = load_arguments(rt, record)
+    arguments = load_arguments(rt, record, sealed)
     with transaction.atomic():
         started, attempt_id = store.start_attempt(
             record,

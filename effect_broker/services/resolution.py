@@ -162,20 +162,22 @@ def resolve_succeeded(
                 "external_id": external or "",
             },
             changes={**_SETTLED, "receipt_id": receipt_id},
-        )
-        store.insert_receipt(
-            done,
-            store.ReceiptData(
-                external_id=external,
-                result_ciphertext=blob,
-                result_key_id=key_id,
-                result_preview=preview,
-                evidence_digest=evidence_digest,
-                downstream_key_digest=digest_hex(record.downstream_key.encode()),
-                contract_version=record.contract_version,
+            riders=(
+                store.receipt(
+                    review,
+                    store.ReceiptData(
+                        external_id=external,
+                        result_ciphertext=blob,
+                        result_key_id=key_id,
+                        result_preview=preview,
+                        evidence_digest=evidence_digest,
+                        downstream_key_digest=digest_hex(record.downstream_key.encode()),
+                        contract_version=record.contract_version,
+                    ),
+                    now=now,
+                    receipt_id=receipt_id,
+                ),
             ),
-            now=now,
-            receipt_id=receipt_id,
         )
     _log("resolve_succeeded", record, done, actor, evidence_digest)
     return done

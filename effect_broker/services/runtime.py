@@ -27,6 +27,7 @@ from effect_broker.domain.payload_crypto import Keyring
 
 if TYPE_CHECKING:
     from effect_broker.adapters.base import EffectAdapter
+    from effect_broker.store.ledger import QueuedJob
 
 
 class Scheduler(Protocol):
@@ -39,6 +40,11 @@ class Scheduler(Protocol):
 
     def reconcile(self, effect_id: str, *, at: datetime | None = None) -> None:
         """Ask for ``reconcile_effect(effect_id)`` to run (at ``at``, or now)."""
+        ...
+
+    def reservation_job(self, effect_id: str) -> QueuedJob | None:
+        """The dispatch job of a new effect as a row its reservation statement inserts
+        (one round trip, one commit), or None: then submit calls ``dispatch``."""
         ...
 
 

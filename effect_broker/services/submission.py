@@ -8,9 +8,7 @@ nothing is written or dispatched.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-
-from django.db import transaction
+from collections.abc import Mapping
 
 from effect_broker import failpoints, store
 from effect_broker.domain.canonical import canonical_json
@@ -26,9 +24,6 @@ from effect_broker.domain.records import EffectRecord, EffectRequest, Reservatio
 from effect_broker.models import Tenant
 from effect_broker.services.runtime import Runtime, get_runtime
 
-#: Called inside the reservation's transaction for a new effect (e.g. defer dispatch).
-OnReserved = Callable[[EffectRecord, EffectContract], None]
-
 
 def arguments_aad(tenant_id: str, operation_key: str) -> bytes:
     """AES-GCM associated data: a ciphertext only decrypts on its own row."""
@@ -40,7 +35,6 @@ def submit(
     request: EffectRequest,
     *,
     runtime: Runtime | None = None,
-    on_reserved: OnReserved | None = None,
 ) -> Reservation:
     """Reserve ``request`` for ``tenant``, or return the existing effect on replay."""
     rt = runtime or get_runtime()
@@ -79,18 +73,16 @@ def submit(
         trace_id=request.trace_id,
     )
     actor = request.requested_by or "caller"
-    with transaction.atomic():
-        record, created = store.reserve(intent, now=rt.clock.now(), actor=actor)
-        if created:
-            # The dispatch job commits with the intent or not at all (STYLE rule 5).
-            rt.scheduler.dispatch(record.effect_id)
-            if on_reserved is not None:
-                on_reserved(record, contract)
-            failpoints.hit(
-                "before_reservation_commit", subject=f"{tenant_id}/{operation_key}"
-            )
+    subject = f"{tenant_id}/{operation_key}"
+    # The dispatch job commits with the intent or not at all (STYLE rule 5): it rides
+    # in the reservation statement, which is about to be sent.
+    job = rt.scheduler.reservation_job(intent.effect_id)
+    failpoints.hit("before_reservation_commit", subject=subject)
+    record, created = store.reserve(intent, now=rt.clock.now(), actor=actor, job=job)
     if created:
-        failpoints.hit("after_reservation_commit", subject=f"{tenant_id}/{operation_key}")
+        if job is None:
+            rt.scheduler.dispatch(record.effect_id)
+        failpoints.hit("after_reservation_commit", subject=subject)
         return Reservation(effect=record, created=True, replayed=False)
     _refuse_drift(record, contract, digest)
     return Reservation(effect=record, created=False, replayed=True)

@@ -10,12 +10,12 @@ check without trusting the writer.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
-from django.db import connection, transaction
+from django.db import connection
 
 from effect_broker.domain.canonical import canonical_json
 from effect_broker.domain.errors import EventChainBrokenError, StaleWriteError
@@ -72,57 +72,140 @@ class ReceiptData:
     target_timestamp: datetime | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A procrastinate job inserted by the reservation statement itself (its columns
+    are those of procrastinate's ``procrastinate_job_to_defer_v1``)."""
+
+    queue_name: str
+    task_name: str
+    priority: int
+    lock: str | None
+    queueing_lock: str | None
+    args: Mapping[str, object]
+    scheduled_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rider:
+    """A write that commits with a fenced transition, in the same statement.
+
+    Its SQL selects FROM the transition's ``cas`` CTE, so it happens only if the fence
+    held; build riders with ``open_attempt``, ``close_attempt`` and ``receipt``.
+    """
+
+    sql: str
+    params: tuple[Any, ...]
+
+
 def _json(value: Mapping[str, object]) -> str:
     # Canonical text, so what is stored is what was hashed into the event digest.
     return canonical_json(dict(value)).decode("utf-8")
 
 
-def reserve(intent: NewIntent, *, now: datetime, actor: str) -> tuple[EffectRecord, bool]:
-    """Insert the intent unless (tenant, operation_key) exists; return (row, created)."""
-    # No savepoint of its own: nested, the caller's atomic block (submit's) rolls back
-    # everything on an error; outermost, this block is the transaction. A savepoint
-    # would cost two round trips per submit for nothing (docs/benchmarks.md).
-    with transaction.atomic(savepoint=False), connection.cursor() as cur:
-        cur.execute(
-            sql.RESERVE_INTENT,
-            [
-                intent.effect_id,
-                intent.tenant_id,
-                intent.operation_key,
-                intent.tool,
-                intent.request_hash,
-                intent.arguments_ciphertext,
-                intent.arguments_key_id,
-                _json(intent.arguments_preview),
-                intent.contract_name,
-                intent.contract_version,
-                intent.safety_class,
-                intent.downstream_key,
-                EffectStatus.PREPARED.value,
-                now,
-                intent.trace_id,
-                intent.requested_by,
-                now,
-                now,
-            ],
-        )
+def _event_params(
+    record_id: str,
+    *,
+    sequence: int,
+    event_type: str,
+    old_status: EffectStatus | None,
+    new_status: EffectStatus,
+    actor: str,
+    now: datetime,
+    metadata: Mapping[str, object],
+    prev: bytes,
+) -> tuple[list[Any], bytes]:
+    """The bound values of one event row (``sql._EVENT_OF``) and its digest."""
+    facts = EventFacts(
+        effect_id=record_id,
+        sequence=sequence,
+        event_type=event_type,
+        old_status=old_status.value if old_status is not None else None,
+        new_status=new_status.value,
+        version=sequence,
+        actor=actor,
+        occurred_at=now,
+        metadata=dict(metadata),
+    )
+    digest = event_digest(prev, facts)
+    params = [
+        record_id,
+        sequence,
+        event_type,
+        facts.old_status,
+        facts.new_status,
+        sequence,
+        actor,
+        now,
+        _json(metadata),
+        prev,
+        digest,
+    ]
+    return params, digest
+
+
+def reserve(
+    intent: NewIntent, *, now: datetime, actor: str, job: QueuedJob | None = None
+) -> tuple[EffectRecord, bool]:
+    """Insert the intent unless (tenant, operation_key) exists; return (row, created).
+
+    The intent, its ``reserved`` event and ``job`` (if given) are one statement: in
+    autocommit that is one round trip and one commit; inside a caller's transaction it
+    commits or rolls back with it.
+    """
+    event, _ = _event_params(
+        intent.effect_id,
+        sequence=1,
+        event_type="reserved",
+        old_status=None,
+        new_status=EffectStatus.PREPARED,
+        actor=actor,
+        now=now,
+        metadata={
+            "contract": f"{intent.contract_name}@{intent.contract_version}",
+            "request_hash": intent.request_hash.hex(),
+        },
+        prev=GENESIS_DIGEST,
+    )
+    params: list[Any] = [
+        intent.effect_id,
+        intent.tenant_id,
+        intent.operation_key,
+        intent.tool,
+        intent.request_hash,
+        intent.arguments_ciphertext,
+        intent.arguments_key_id,
+        _json(intent.arguments_preview),
+        intent.contract_name,
+        intent.contract_version,
+        intent.safety_class,
+        intent.downstream_key,
+        EffectStatus.PREPARED.value,
+        now,
+        intent.trace_id,
+        intent.requested_by,
+        now,
+        now,
+        *event,
+    ]
+    if job is not None:
+        statement = sql.RESERVE_INTENT.format(job=sql.RESERVE_JOB, job_source=", job")
+        params += [
+            job.queue_name,
+            job.task_name,
+            job.priority,
+            job.lock,
+            job.queueing_lock,
+            json.dumps(dict(job.args)),
+            job.scheduled_at,
+        ]
+    else:
+        statement = sql.RESERVE_INTENT.format(job="", job_source="")
+    with connection.cursor() as cur:
+        cur.execute(statement, params)
         row = cur.fetchone()
         if row is not None:
-            record = record_from_row(row)
-            _append_event(
-                cur,
-                record,
-                prev=GENESIS_DIGEST,
-                old_status=None,
-                event_type="reserved",
-                actor=actor,
-                now=now,
-                metadata={
-                    "contract": f"{intent.contract_name}@{intent.contract_version}",
-                    "request_hash": intent.request_hash.hex(),
-                },
-            )
-            return record, True
+            return record_from_row(row), True
         cur.execute(sql.SELECT_INTENT_BY_KEY, [intent.tenant_id, intent.operation_key])
         existing = cur.fetchone()
     if existing is None:  # pragma: no cover - a conflict implies the row exists
@@ -139,11 +222,14 @@ def transition(
     now: datetime,
     metadata: Mapping[str, object] | None = None,
     changes: Mapping[str, Any] | None = None,
+    riders: Sequence[Rider] = (),
 ) -> EffectRecord:
     """Move ``record`` to ``target`` iff the row is still at ``record.version``.
 
-    Raises ``IllegalTransitionError`` for a move the state machine forbids and
-    ``StaleWriteError`` when another writer got there first; neither changes anything.
+    ``riders`` (attempt and receipt writes) commit with the transition, in its
+    statement, and happen only if it does. Raises ``IllegalTransitionError`` for a move
+    the state machine forbids and ``StaleWriteError`` when another writer got there
+    first; neither changes anything.
     """
     check_transition(record.status, target)
     return _compare_and_swap(
@@ -154,6 +240,7 @@ def transition(
         now=now,
         metadata=metadata,
         changes=changes,
+        riders=riders,
     )
 
 
@@ -175,6 +262,7 @@ def touch(
         now=now,
         metadata=metadata,
         changes=changes,
+        riders=(),
     )
 
 
@@ -186,6 +274,21 @@ def _set_clause(changes: Mapping[str, Any]) -> tuple[str, list[Any]]:
     return "".join(f", {name} = %s" for name in names), [changes[n] for n in names]
 
 
+def _head_digest(cur: Any, record: EffectRecord) -> bytes:
+    """The digest the next event chains to: read with the record, or (for a record
+    built without it) read now; a missing event is a broken chain."""
+    if record.head_digest is not None:
+        return record.head_digest
+    cur.execute(sql.SELECT_EVENT_DIGEST, [record.effect_id, record.version])
+    row = cur.fetchone()
+    if row is None:
+        raise EventChainBrokenError(
+            f"event {record.version} of effect {record.effect_id} is missing",
+            sequence=record.version,
+        )
+    return bytes(row[0])
+
+
 def _compare_and_swap(
     record: EffectRecord,
     target: EffectStatus,
@@ -195,92 +298,67 @@ def _compare_and_swap(
     now: datetime,
     metadata: Mapping[str, object] | None,
     changes: Mapping[str, Any] | None,
+    riders: Sequence[Rider],
 ) -> EffectRecord:
     extra, values = _set_clause(changes or {})
-    stale: StaleWriteError | None = None
-    # No savepoint (it would cost two round trips per transition): a refused CAS has
-    # written nothing, and is raised after the block, so it leaves an enclosing
-    # transaction usable; any other error here marks the enclosing transaction for
-    # rollback, which is what a half-written transition needs.
-    with transaction.atomic(savepoint=False), connection.cursor() as cur:
-        cur.execute(
-            sql.CAS_UPDATE_TEMPLATE.format(extra=extra),
-            [target.value, now, *values, record.effect_id, record.version],
-        )
-        row = cur.fetchone()
-        if row is None:
-            cur.execute(sql.SELECT_VERSION, [record.effect_id])
-            current = cur.fetchone()
-            stale = StaleWriteError(
-                f"stale write refused: effect {record.effect_id} is no longer at "
-                f"version {record.version}",
-                effect_id=record.effect_id,
-                expected_version=record.version,
-                actual_version=current[0] if current else None,
-                attempted=f"{event_type}:{record.status}->{target}",
-            )
-        else:
-            updated = record_from_row(row[:-1])
-            _append_event(
-                cur,
-                updated,
-                prev=None if row[-1] is None else bytes(row[-1]),
-                old_status=record.status,
-                event_type=event_type,
-                actor=actor,
-                now=now,
-                metadata=metadata or {},
-            )
-    if stale is not None:
-        raise stale
-    return updated
-
-
-def _append_event(
-    cur: Any,
-    record: EffectRecord,
-    *,
-    prev: bytes | None,
-    old_status: EffectStatus | None,
-    event_type: str,
-    actor: str,
-    now: datetime,
-    metadata: Mapping[str, object],
-) -> None:
-    """Insert the event of ``record.version``, chained to ``prev`` (the digest of the
-    event before it, read by the caller; None when that event is missing)."""
-    sequence = record.version
-    if prev is None:
-        raise EventChainBrokenError(
-            f"event {sequence - 1} of effect {record.effect_id} is missing",
-            sequence=sequence - 1,
-        )
-    facts = EventFacts(
-        effect_id=record.effect_id,
-        sequence=sequence,
-        event_type=event_type,
-        old_status=old_status.value if old_status is not None else None,
-        new_status=record.status.value,
-        version=record.version,
-        actor=actor,
-        occurred_at=now,
-        metadata=dict(metadata),
-    )
-    cur.execute(
-        sql.INSERT_EVENT,
-        [
+    # One statement, no savepoint and no transaction of its own: in autocommit it is
+    # its own transaction (one round trip, one commit); inside a caller's transaction a
+    # refused CAS writes nothing and leaves that transaction usable, and any error
+    # rolls the whole statement back - event and riders included.
+    with connection.cursor() as cur:
+        event, _ = _event_params(
             record.effect_id,
-            sequence,
-            event_type,
-            facts.old_status,
-            facts.new_status,
-            record.version,
-            actor,
+            sequence=record.version + 1,
+            event_type=event_type,
+            old_status=record.status,
+            new_status=target,
+            actor=actor,
+            now=now,
+            metadata=metadata or {},
+            prev=_head_digest(cur, record),
+        )
+        statement = sql.CAS_UPDATE_TEMPLATE.format(
+            extra=extra,
+            riders="".join(
+                f", rider_{n} AS ({rider.sql})" for n, rider in enumerate(riders)
+            ),
+        )
+        params = [target.value, now, *values, record.effect_id, record.version, *event]
+        for rider in riders:
+            params.extend(rider.params)
+        cur.execute(statement, params)
+        row = cur.fetchone()
+        if row is not None:
+            return record_from_row(row)
+        cur.execute(sql.SELECT_VERSION, [record.effect_id])
+        current = cur.fetchone()
+    raise StaleWriteError(
+        f"stale write refused: effect {record.effect_id} is no longer at "
+        f"version {record.version}",
+        effect_id=record.effect_id,
+        expected_version=record.version,
+        actual_version=current[0] if current else None,
+        attempted=f"{event_type}:{record.status}->{target}",
+    )
+
+
+def open_attempt(
+    record: EffectRecord, *, attempt_id: str, worker: str, now: datetime
+) -> Rider:
+    """The attempt row a transition to DISPATCHING commits with (fenced at the new
+    version; until the adapter says otherwise, bytes may leave)."""
+    return Rider(
+        sql.RIDER_OPEN_ATTEMPT,
+        (
+            attempt_id,
+            record.effect_id,
+            record.attempt_count + 1,
+            worker,
+            record.version + 1,
             now,
-            _json(metadata),
-            prev,
-            event_digest(prev, facts),
-        ],
+            record.request_hash.hex(),
+            True,
+        ),
     )
 
 
@@ -295,78 +373,57 @@ def start_attempt(
     """Commit DISPATCHING and the attempt row together, before any network I/O."""
     attempt_id = new_row_id()
     ordinal = record.attempt_count + 1
-    with transaction.atomic():
-        updated = transition(
-            record,
-            EffectStatus.DISPATCHING,
-            event_type="dispatch_started",
-            actor=worker,
-            now=now,
-            metadata={"attempt": ordinal, **(metadata or {})},
-            changes={**changes, "attempt_count": ordinal},
-        )
-        with connection.cursor() as cur:
-            cur.execute(
-                sql.INSERT_ATTEMPT,
-                [
-                    attempt_id,
-                    record.effect_id,
-                    ordinal,
-                    worker,
-                    updated.version,
-                    now,
-                    record.request_hash.hex(),
-                    # Until the adapter says otherwise, assume bytes may leave.
-                    True,
-                ],
-            )
+    updated = transition(
+        record,
+        EffectStatus.DISPATCHING,
+        event_type="dispatch_started",
+        actor=worker,
+        now=now,
+        metadata={"attempt": ordinal, **(metadata or {})},
+        changes={**changes, "attempt_count": ordinal},
+        riders=(open_attempt(record, attempt_id=attempt_id, worker=worker, now=now),),
+    )
     return updated, attempt_id
 
 
-def close_attempt(attempt_id: str, outcome: AttemptOutcome, *, now: datetime) -> None:
-    """Record how an attempt ended; call inside the transition's transaction."""
-    with connection.cursor() as cur:
-        cur.execute(
-            sql.CLOSE_ATTEMPT,
-            [
-                now,
-                outcome.response_digest,
-                json.dumps(dict(outcome.transport_meta), sort_keys=True),
-                outcome.error_category,
-                outcome.outcome,
-                outcome.bytes_may_have_left,
-                attempt_id,
-            ],
-        )
+def close_attempt(attempt_id: str, outcome: AttemptOutcome, *, now: datetime) -> Rider:
+    """Record how an attempt ended, with the transition that says so (an attempt
+    closes once; the trigger refuses a second close, so this updates only an open
+    attempt)."""
+    return Rider(
+        sql.RIDER_CLOSE_ATTEMPT,
+        (
+            now,
+            outcome.response_digest,
+            json.dumps(dict(outcome.transport_meta), sort_keys=True),
+            outcome.error_category,
+            outcome.outcome,
+            outcome.bytes_may_have_left,
+            attempt_id,
+        ),
+    )
 
 
-def insert_receipt(
-    record: EffectRecord,
-    data: ReceiptData,
-    *,
-    now: datetime,
-    receipt_id: str | None = None,
-) -> str:
-    """Insert the one terminal receipt of an effect; returns its id."""
-    receipt_id = receipt_id or new_row_id()
-    with connection.cursor() as cur:
-        cur.execute(
-            sql.INSERT_RECEIPT,
-            [
-                receipt_id,
-                record.effect_id,
-                data.external_id,
-                data.result_ciphertext,
-                data.result_key_id,
-                _json(data.result_preview),
-                data.evidence_digest,
-                data.target_timestamp,
-                data.contract_version,
-                data.downstream_key_digest,
-                now,
-            ],
-        )
-    return receipt_id
+def receipt(
+    record: EffectRecord, data: ReceiptData, *, now: datetime, receipt_id: str
+) -> Rider:
+    """The one terminal receipt of an effect, with the transition to SUCCEEDED."""
+    return Rider(
+        sql.RIDER_RECEIPT,
+        (
+            receipt_id,
+            record.effect_id,
+            data.external_id,
+            data.result_ciphertext,
+            data.result_key_id,
+            _json(data.result_preview),
+            data.evidence_digest,
+            data.target_timestamp,
+            data.contract_version,
+            data.downstream_key_digest,
+            now,
+        ),
+    )
 
 
 def record_stale_write(error: StaleWriteError, *, actor: str, now: datetime) -> None:

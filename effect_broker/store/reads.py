@@ -56,6 +56,24 @@ def load_effect_for_worker(effect_id: str) -> EffectRecord:
     return record_from_row(row)
 
 
+@dataclass(frozen=True, slots=True)
+class SealedArguments:
+    """An effect's arguments as stored: AES-GCM ciphertext and the key id."""
+
+    ciphertext: bytes
+    key_id: str
+
+
+def load_for_dispatch(effect_id: str) -> tuple[EffectRecord, SealedArguments]:
+    """A worker's single read before a dispatch: the row and its sealed arguments."""
+    with connection.cursor() as cur:
+        cur.execute(sql.SELECT_INTENT_FOR_DISPATCH, [effect_id])
+        row = cur.fetchone()
+    if row is None:
+        raise EffectNotFoundError(f"no effect {effect_id}")
+    return record_from_row(row[:-2]), SealedArguments(bytes(row[-2]), row[-1])
+
+
 def load_arguments(effect_id: str) -> tuple[bytes, str, str, str]:
     """Return (ciphertext, key id, tenant id, operation key) for decryption."""
     with connection.cursor() as cur:

@@ -20,9 +20,14 @@ def _str_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+_WITH_HEAD = len(INTENT_COLUMNS) + 1
+
+
 def record_from_row(row: Sequence[Any]) -> EffectRecord:
-    """Build an ``EffectRecord`` from a row in ``INTENT_COLUMNS`` order."""
-    r = dict(zip(INTENT_COLUMNS, row, strict=True))
+    """Build an ``EffectRecord`` from a row in ``INTENT_COLUMNS`` order, optionally
+    followed by the head digest (``sql.SELECT_INTENT`` and every write return it)."""
+    head = row[-1] if len(row) == _WITH_HEAD else None
+    r = dict(zip(INTENT_COLUMNS, row[: len(INTENT_COLUMNS)], strict=True))
     return EffectRecord(
         effect_id=str(r["id"]),
         tenant_id=str(r["tenant_id"]),
@@ -48,4 +53,5 @@ def record_from_row(row: Sequence[Any]) -> EffectRecord:
         requested_by=r["requested_by"],
         created_at=r["created_at"],
         updated_at=r["updated_at"],
+        head_digest=None if head is None else bytes(head),
     )

@@ -47,26 +47,87 @@ MUTABLE_INTENT_COLUMNS = frozenset(
     }
 )
 
-SELECT_INTENT = "SELECT " + ", ".join(INTENT_COLUMNS) + " FROM effect_intents"
-
-# ON CONFLICT DO NOTHING waits for a concurrent inserter of the same key to finish, so
-# exactly one caller gets a row back; the others read the winner (spec: reservation).
-RESERVE_INTENT = """
-INSERT INTO effect_intents (
-    id, tenant_id, operation_key, tool, request_hash, arguments_ciphertext,
-    arguments_key_id, arguments_preview, contract_name, contract_version, safety_class,
-    downstream_key, status, version, attempt_count, next_action_at, trace_id,
-    requested_by, created_at, updated_at
-) VALUES (
-    %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, 1, 0, %s, %s, %s, %s, %s
+#: The digest of the event at the row's current version, read with the row: the next
+#: event chains to it. Events are append-only and the version bump and its event commit
+#: together, so while the fence (``version``) holds, this digest holds too, and a fenced
+#: write needs no round trip to fetch it.
+HEAD_DIGEST = (
+    "(SELECT e.digest FROM effect_events e"
+    " WHERE e.effect_id = effect_intents.id AND e.sequence = effect_intents.version)"
 )
-ON CONFLICT (tenant_id, operation_key) DO NOTHING
-RETURNING """ + ", ".join(INTENT_COLUMNS)
+
+#: Every read of an intent row: INTENT_COLUMNS, then the head digest.
+SELECT_INTENT = (
+    "SELECT " + ", ".join(INTENT_COLUMNS) + ", " + HEAD_DIGEST + " FROM effect_intents"
+)
+
+_INSERT_EVENT_COLUMNS = """effect_events (
+    effect_id, sequence, event_type, old_status, new_status, version, actor,
+    occurred_at, metadata, prev_digest, digest
+)"""
+
+#: The event of a write, inserted by the same statement and only if the write happened
+#: (it selects FROM the data-modifying CTE named ``{source}``). Its values are bound,
+#: not copied from the row, so what is stored is exactly what was hashed.
+_EVENT_OF = (
+    "INSERT INTO "
+    + _INSERT_EVENT_COLUMNS
+    + """
+    SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s FROM {source}
+    RETURNING digest"""
+)
+
+# One statement (so one round trip, and in autocommit one commit): the intent, its
+# first event and - when the scheduler provides one - the dispatch job commit together
+# or not at all. ON CONFLICT DO NOTHING waits for a concurrent inserter of the same key
+# to finish, so exactly one caller gets a row back; the others then read the winner in
+# a new statement (this one's snapshot predates the winner's commit).
+RESERVE_INTENT = (
+    """
+WITH intent AS (
+    INSERT INTO effect_intents (
+        id, tenant_id, operation_key, tool, request_hash, arguments_ciphertext,
+        arguments_key_id, arguments_preview, contract_name, contract_version,
+        safety_class, downstream_key, status, version, attempt_count, next_action_at,
+        trace_id, requested_by, created_at, updated_at
+    ) VALUES (
+        %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, 1, 0, %s, %s, %s, %s,
+        %s
+    )
+    ON CONFLICT (tenant_id, operation_key) DO NOTHING
+    RETURNING """
+    + ", ".join(INTENT_COLUMNS)
+    + """
+), event AS (
+    """
+    + _EVENT_OF.format(source="intent")
+    + """
+){job}
+SELECT intent.*, event.digest FROM intent, event{job_source}
+"""
+)
+
+#: The dispatch job, deferred through procrastinate's own versioned SQL function (the
+#: one its ``defer()`` calls), so it commits in the reservation's statement.
+RESERVE_JOB = """, job AS (
+    SELECT procrastinate_defer_jobs_v1(ARRAY[
+        ROW(%s, %s, %s, %s, %s, %s::jsonb, %s)::procrastinate_job_to_defer_v1
+    ]) AS ids FROM intent
+)"""
 
 SELECT_INTENT_BY_KEY = SELECT_INTENT + " WHERE tenant_id = %s AND operation_key = %s"
 SELECT_INTENT_BY_ID = SELECT_INTENT + " WHERE id = %s"
 SELECT_INTENT_BY_ID_SCOPED = SELECT_INTENT + " WHERE id = %s AND tenant_id = %s"
 SELECT_VERSION = "SELECT version FROM effect_intents WHERE id = %s"
+
+# A dispatch job's one read: the row, its head digest and the sealed arguments.
+SELECT_INTENT_FOR_DISPATCH = (
+    "SELECT "
+    + ", ".join(INTENT_COLUMNS)
+    + ", "
+    + HEAD_DIGEST
+    + ", arguments_ciphertext, arguments_key_id FROM effect_intents WHERE id = %s"
+)
 
 SELECT_ARGUMENTS = """
 SELECT arguments_ciphertext, arguments_key_id, tenant_id, operation_key
@@ -74,27 +135,30 @@ FROM effect_intents WHERE id = %s
 """
 
 # The fence: the row changes only if nobody wrote since the writer read ``version``.
-# The last column is the digest of the event at the old version (NULL if missing): the
-# new event chains to it, and reading it here saves a round trip per transition.
+# The event, and any riders (attempt, receipt: writes that must commit with the
+# transition), are in the same statement and select FROM ``cas``, so they happen only
+# if the fence held, and commit with it or not at all.
 CAS_UPDATE_TEMPLATE = (
     """
-UPDATE effect_intents
-SET status = %s, version = version + 1, updated_at = %s{extra}
-WHERE id = %s AND version = %s
-RETURNING """
+WITH cas AS (
+    UPDATE effect_intents
+    SET status = %s, version = version + 1, updated_at = %s{extra}
+    WHERE id = %s AND version = %s
+    RETURNING """
     + ", ".join(INTENT_COLUMNS)
-    + """,
-    (SELECT e.digest FROM effect_events e
-     WHERE e.effect_id = effect_intents.id AND e.sequence = effect_intents.version - 1)
+    + """
+), event AS (
+    """
+    + _EVENT_OF.format(source="cas")
+    + """
+){riders}
+SELECT cas.*, event.digest FROM cas, event
 """
 )
 
-INSERT_EVENT = """
-INSERT INTO effect_events (
-    effect_id, sequence, event_type, old_status, new_status, version, actor,
-    occurred_at, metadata, prev_digest, digest
-) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s)
-"""
+SELECT_EVENT_DIGEST = (
+    "SELECT digest FROM effect_events WHERE effect_id = %s AND sequence = %s"
+)
 
 SELECT_EVENTS = """
 SELECT sequence, event_type, old_status, new_status, version, actor, occurred_at,
@@ -102,19 +166,22 @@ SELECT sequence, event_type, old_status, new_status, version, actor, occurred_at
 FROM effect_events WHERE effect_id = %s ORDER BY sequence
 """
 
-INSERT_ATTEMPT = """
-INSERT INTO effect_attempts (
-    id, effect_id, ordinal, worker, fencing_version, started_at, request_digest,
-    response_digest, transport_meta, error_category, outcome, bytes_may_have_left
-) VALUES (%s, %s, %s, %s, %s, %s, %s, '', '{}'::jsonb, '', '', %s)
+# Riders of a transition (see CAS_UPDATE_TEMPLATE): each runs only if the CAS matched.
+RIDER_OPEN_ATTEMPT = """
+    INSERT INTO effect_attempts (
+        id, effect_id, ordinal, worker, fencing_version, started_at, request_digest,
+        response_digest, transport_meta, error_category, outcome, bytes_may_have_left
+    )
+    SELECT %s, %s, %s, %s, %s, %s, %s, '', '{}'::jsonb, '', '', %s FROM cas
 """
 
 # An attempt is closed once; the trigger refuses any later change.
-CLOSE_ATTEMPT = """
-UPDATE effect_attempts
-SET ended_at = %s, response_digest = %s, transport_meta = %s::jsonb,
-    error_category = %s, outcome = %s, bytes_may_have_left = %s
-WHERE id = %s AND ended_at IS NULL
+RIDER_CLOSE_ATTEMPT = """
+    UPDATE effect_attempts
+    SET ended_at = %s, response_digest = %s, transport_meta = %s::jsonb,
+        error_category = %s, outcome = %s, bytes_may_have_left = %s
+    FROM cas
+    WHERE effect_attempts.id = %s AND effect_attempts.ended_at IS NULL
 """
 
 SELECT_OPEN_ATTEMPT = """
@@ -122,11 +189,13 @@ SELECT id FROM effect_attempts WHERE effect_id = %s AND ended_at IS NULL
 ORDER BY ordinal DESC LIMIT 1
 """
 
-INSERT_RECEIPT = """
-INSERT INTO effect_receipts (
-    id, effect_id, external_id, result_ciphertext, result_key_id, result_preview,
-    evidence_digest, target_timestamp, contract_version, downstream_key_digest, created_at
-) VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s)
+RIDER_RECEIPT = """
+    INSERT INTO effect_receipts (
+        id, effect_id, external_id, result_ciphertext, result_key_id, result_preview,
+        evidence_digest, target_timestamp, contract_version, downstream_key_digest,
+        created_at
+    )
+    SELECT %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s FROM cas
 """
 
 INSERT_STALE_WRITE = """

@@ -15,11 +15,12 @@ from effect_broker.domain.errors import (
     StaleWriteError,
     UnfencedWriteError,
 )
+from effect_broker.domain.ids import new_row_id
 from effect_broker.domain.records import EffectRequest
 from effect_broker.domain.states import EffectStatus
 from effect_broker.models import EffectEvent, EffectIntent, EffectReceipt, StaleWrite
 from effect_broker.services.submission import submit
-from effect_broker.store.ledger import ReceiptData, insert_receipt, touch, transition
+from effect_broker.store.ledger import touch, transition
 
 
 def reserve(tenant, key: str = "order:1:charge:v1"):
@@ -141,19 +142,14 @@ def test_orm_writes_that_bypass_the_fence_are_refused(tenant, write) -> None:
 )
 def test_raw_sql_that_rewrites_history_fails_at_the_database(tenant, statement) -> None:
     record = reserve(tenant)
-    with transaction.atomic():
-        insert_receipt(
-            record,
-            ReceiptData(
-                external_id="ch_1",
-                result_ciphertext=b"x",
-                result_key_id="k1",
-                result_preview={},
-                evidence_digest="",
-                downstream_key_digest="d",
-                contract_version="1",
-            ),
-            now=now(record),
+    # A receipt row to attack (the store only writes one together with SUCCEEDED).
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO effect_receipts (id, effect_id, external_id, result_ciphertext,"
+            " result_key_id, result_preview, evidence_digest, contract_version,"
+            " downstream_key_digest, created_at)"
+            " VALUES (%s, %s, 'ch_1', 'x', 'k1', '{}', '', '1', 'd', %s)",
+            [new_row_id(), record.effect_id, now(record)],
         )
     with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cur:
         cur.execute(statement)
