@@ -50,66 +50,104 @@ def _child(path: str, key: str | int) -> str:
     return f"{path}[{json.dumps(key)}]"
 
 
-def _normalise(value: object, path: str, active: set[int]) -> Any:
+#: Where the walker is: None at the root, else (parent trail, key or index). The JSON
+#: path string is built only for an error message, not for every value walked.
+_Trail = tuple[Any, str | int] | None
+
+
+def _path(trail: _Trail) -> str:
+    keys: list[str | int] = []
+    while trail is not None:
+        trail, key = trail
+        keys.append(key)
+    path = "$"
+    for key in reversed(keys):
+        path = _child(path, key)
+    return path
+
+
+class _Walk:
+    """State of one walk: containers on the current branch (cycle detection), and
+    whether ``json.dumps`` would give exactly the RFC 8785 bytes (no float anywhere,
+    every object key ASCII - see ``canonical_json``)."""
+
+    __slots__ = ("active", "plain")
+
+    def __init__(self) -> None:
+        self.active: set[int] = set()
+        self.plain = True
+
+
+def _string(value: str, trail: _Trail) -> str:
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            where = _path(trail)
+            raise InvalidJsonError(
+                f"string at {where} is not valid Unicode (lone surrogate)", path=where
+            ) from exc
+    return value
+
+
+def _normalise(value: object, trail: _Trail, walk: _Walk) -> Any:
     """Validate ``value`` and return it as plain dict/list/scalars for rfc8785."""
     # bool before int: bool is an int subclass but serialises as true/false.
     if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, str):
+        return _string(value, trail)
     if isinstance(value, int):
         if abs(value) > MAX_SAFE_INTEGER:
-            raise _out_of_range(path)
+            raise _out_of_range(_path(trail))
         return int(value)
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
-            raise InvalidJsonError(f"{value} at {path} is not a JSON number", path=path)
+            where = _path(trail)
+            raise InvalidJsonError(f"{value} at {where} is not a JSON number", path=where)
         # Every float beyond 2**53 is integral; rfc8785 would print 1e20 as exact
         # digits a double cannot hold, so the same range rule as for ints applies.
         if abs(value) > MAX_SAFE_INTEGER:
-            raise _out_of_range(path)
+            raise _out_of_range(_path(trail))
+        walk.plain = False  # ECMAScript number formatting: rfc8785's job
         return float(value)
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidJsonError(
-                f"string at {path} is not valid Unicode (lone surrogate)", path=path
-            ) from exc
-        return value
-    if isinstance(value, Mapping | list | tuple):
+    if isinstance(value, dict | list | tuple | Mapping):
         # A container that contains itself has no JSON form; say so instead of
         # recursing until RecursionError.
-        if id(value) in active:
-            raise InvalidJsonError(f"circular reference at {path}", path=path)
-        active.add(id(value))
+        if id(value) in walk.active:
+            where = _path(trail)
+            raise InvalidJsonError(f"circular reference at {where}", path=where)
+        walk.active.add(id(value))
         try:
-            if isinstance(value, Mapping):
+            if isinstance(value, dict | Mapping):
                 result: dict[str, Any] = {}
                 for key, item in value.items():
                     if not isinstance(key, str):
+                        where = _path(trail)
                         raise InvalidJsonError(
-                            f"object key of type {type(key).__name__} at {path} is not "
-                            "a string",
-                            path=path,
+                            f"object key of type {type(key).__name__} at {where} is "
+                            "not a string",
+                            path=where,
                         )
-                    result[_normalise(key, path, active)] = _normalise(
-                        item, _child(path, key), active
-                    )
+                    if not key.isascii():
+                        walk.plain = False  # RFC 8785 sorts keys by UTF-16 units
+                    result[_string(key, trail)] = _normalise(item, (trail, key), walk)
                 return result
-            return [
-                _normalise(item, _child(path, i), active) for i, item in enumerate(value)
-            ]
+            return [_normalise(item, (trail, i), walk) for i, item in enumerate(value)]
         finally:
-            active.discard(id(value))
+            walk.active.discard(id(value))
+    where = _path(trail)
     raise InvalidJsonError(
-        f"value of type {type(value).__name__} at {path} has no declared JSON "
+        f"value of type {type(value).__name__} at {where} has no declared JSON "
         "serialisation",
-        path=path,
+        path=where,
     )
 
 
-def _plain(value: object) -> Any:
+def _plain(value: object) -> tuple[Any, bool]:
+    walk = _Walk()
     try:
-        return _normalise(value, "$", set())
+        return _normalise(value, None, walk), walk.plain
     except RecursionError as exc:
         raise InvalidJsonError("value is nested too deeply", path="$") from exc
 
@@ -120,8 +158,22 @@ def validate_json_value(value: object) -> None:
 
 
 def canonical_json(value: object) -> bytes:
-    """Return the RFC 8785 canonical UTF-8 bytes of ``value``; refuse ambiguous input."""
-    plain = _plain(value)
+    """Return the RFC 8785 canonical UTF-8 bytes of ``value``; refuse ambiguous input.
+
+    Without floats and with ASCII object keys, RFC 8785 is what ``json.dumps`` with
+    sorted keys, no whitespace and unescaped non-ASCII produces (same string escapes,
+    integers within ±(2**53-1) print alike, ASCII keys sort alike by code point and by
+    UTF-16 unit), and the C encoder does it several times faster than rfc8785's pure
+    Python; everything else goes through rfc8785. A property test holds the two equal.
+    """
+    plain, simple = _plain(value)
+    if simple:
+        try:
+            return json.dumps(
+                plain, ensure_ascii=False, separators=(",", ":"), sort_keys=True
+            ).encode("utf-8")
+        except RecursionError as exc:
+            raise InvalidJsonError("value is nested too deeply", path="$") from exc
     try:
         return rfc8785.dumps(plain)
     except rfc8785.IntegerDomainError as exc:

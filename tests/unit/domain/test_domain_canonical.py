@@ -11,7 +11,8 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
-from hypothesis import given
+import rfc8785
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from effect_broker.domain.canonical import (
@@ -39,6 +40,18 @@ json_values = st.recursive(
     max_leaves=30,
 )
 json_objects = st.dictionaries(st.text(), json_values, max_size=8)
+# No floats: the values canonical_json serialises with json.dumps instead of rfc8785
+# (when every key is ASCII too); keys are ASCII or any text, so both paths are hit.
+float_free_values = st.recursive(
+    st.none() | st.booleans() | safe_ints | st.text(),
+    lambda children: (
+        st.lists(children, max_size=5)
+        | st.dictionaries(
+            st.text(st.characters(codec="ascii")) | st.text(), children, max_size=5
+        )
+    ),
+    max_leaves=30,
+)
 big_ints = st.integers(min_value=MAX_SAFE_INTEGER + 1) | st.integers(
     max_value=-MAX_SAFE_INTEGER - 1
 )
@@ -69,6 +82,19 @@ def test_given_rfc8785_key_sorting_example_then_keys_sort_by_utf16_code_units() 
     reparsed = parse_json_strict(canonical_json(value))
     assert isinstance(reparsed, dict)
     assert list(reparsed) == ["\r", "1", "\u0080", "ö", "\u20ac", "\U0001f600", "\ufb33"]
+
+
+@settings(max_examples=500)
+@given(value=float_free_values | json_values)
+def test_given_any_json_value_then_bytes_equal_the_rfc8785_reference(value: Any) -> None:
+    # canonical_json takes a json.dumps fast path for float-free, ASCII-keyed values;
+    # the bytes must be exactly what the reference implementation produces.
+    assert canonical_json(value) == rfc8785.dumps(value)
+
+
+def test_given_control_characters_then_escapes_match_the_rfc8785_reference() -> None:
+    value = {"s": "".join(map(chr, range(0x20))) + '"\\/\x7f\u2028é\U0001f600'}
+    assert canonical_json(value) == rfc8785.dumps(value)
 
 
 @given(value=json_values, rng=st.randoms(use_true_random=False))
