@@ -109,6 +109,9 @@ class SimulatedTarget:
         self.key_retention = key_retention
         self.settlement_delay = settlement_delay
         self.rows: list[SimulatedRow] = []
+        # Rows per key, oldest first: a create looks its key up without scanning every
+        # row (the bench drives tens of thousands of effects through one target).
+        self._by_key: dict[str, list[SimulatedRow]] = {}
         self.requests = 0
         self.lookups = 0
         self._faults: deque[Fault] = deque()
@@ -131,6 +134,7 @@ class SimulatedTarget:
         """Forget every row, counter and queued fault."""
         with self._lock:
             self.rows.clear()
+            self._by_key.clear()
             self.requests = self.lookups = self._serial = 0
             self._faults.clear()
 
@@ -146,9 +150,7 @@ class SimulatedTarget:
     def _live_row(self, key: str) -> SimulatedRow | None:
         """The newest row still holding ``key`` within the retention horizon."""
         now = self.clock.now()
-        for row in reversed(self.rows):
-            if row.key != key:
-                continue
+        for row in reversed(self._by_key.get(key, ())):
             if self.key_retention is None or row.committed_at + self.key_retention > now:
                 return row
             # Past the horizon the key is forgotten; a resend creates a second effect
@@ -183,6 +185,8 @@ class SimulatedTarget:
                     committed_at=self.clock.now(),
                 )
                 self.rows.append(row)
+                if row.key is not None:
+                    self._by_key.setdefault(row.key, []).append(row)
             if fault is Fault.LOSE_RESPONSE:
                 raise TargetFailure("no_response")
             return row
@@ -200,8 +204,8 @@ class SimulatedTarget:
             # settlement_delay after its commit (spec, reconcilable safety class).
             return [
                 row
-                for row in self.rows
-                if row.key == key and row.committed_at + self.settlement_delay <= now
+                for row in self._by_key.get(key, ())
+                if row.committed_at + self.settlement_delay <= now
             ]
 
     def effect_count(self, key: str | None = None) -> int:
@@ -209,7 +213,7 @@ class SimulatedTarget:
         with self._lock:
             if key is None:
                 return len(self.rows)
-            return sum(1 for row in self.rows if row.key == key)
+            return len(self._by_key.get(key, ()))
 
 
 simulated_targets: dict[str, SimulatedTarget] = {}
