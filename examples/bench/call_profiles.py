@@ -48,20 +48,21 @@ _TABLE = re.compile(r"\b(?:INTO|UPDATE|FROM)\s+(\w+)")
 
 def _part(sql: str) -> str:
     text = " ".join(sql.split())
+    if text.startswith("WITH intent"):
+        return "reservation: intent + event + job, one statement (its commit included)"
+    if text.startswith("WITH cas"):
+        return "fenced transition: CAS + event + riders, one statement (commit included)"
     if "procrastinate_defer_jobs" in text:
         return "job: procrastinate_defer_jobs_v1 (row, events trigger, NOTIFY)"
     if text.startswith(("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO")):
-        return "SAVEPOINT / RELEASE (the job defer nests one)"
+        return "SAVEPOINT / RELEASE (a job defer nests one)"
+    if text.startswith("SELECT") and "arguments_ciphertext" in text:
+        return "SELECT effect_intents: encrypted arguments"
+    if text.startswith("SELECT") and " FROM effect_intents" in text:
+        return "SELECT effect_intents (+ head event digest)"
     verb = text.split(" ", 1)[0]
     match = _TABLE.search(text)
-    table = match[1] if match else "?"
-    if verb == "INSERT" and table == "effect_intents":
-        return "INSERT effect_intents … ON CONFLICT DO NOTHING RETURNING"
-    if verb == "UPDATE" and table == "effect_intents":
-        return "UPDATE effect_intents: fenced CAS (+ previous event digest)"
-    if verb == "SELECT" and "arguments_ciphertext" in text:
-        return "SELECT effect_intents: encrypted arguments"
-    return f"{verb} {table}"
+    return f"{verb} {match[1] if match else '?'}"
 
 
 def _profile(

@@ -199,6 +199,8 @@ class Services:
             get_runtime().master_key,
             extra={
                 **PRODUCTION_TIMING,
+                # What production runs: DEBUG on would log and keep every query.
+                "DEBUG": "0",
                 "EFFECT_BROKER_DB_CONN_MAX_AGE": conn_max_age,
                 "DJANGO_SETTINGS_MODULE": "examples.bench.worker_settings",
             },

@@ -302,8 +302,17 @@ def plans_table(result: BenchResult) -> str:
     ]
     for plan in result.plans:
         statement = plan.sql.split(" (", 1)[0].split(" WHERE", 1)[0][:48]
-        if statement.startswith("SELECT"):
-            table = plan.sql.split(" FROM ", 1)[-1].split(" ", 1)[0]
+        if statement.startswith("WITH intent"):
+            statement = "WITH intent AS (INSERT …), event, job"
+        elif statement.startswith("WITH cas"):
+            statement = "WITH cas AS (UPDATE …), event, riders"
+        elif statement.startswith("SELECT"):
+            # Intent reads carry a subselect on effect_events (the head digest).
+            table = (
+                "effect_intents"
+                if " FROM effect_intents" in plan.sql
+                else plan.sql.split(" FROM ", 1)[-1].split(" ", 1)[0]
+            )
             statement = f"SELECT … FROM {table}"
         ms = "-" if plan.execution_ms is None else f"{plan.execution_ms:.3f} ms"
         lines.append(

@@ -14,6 +14,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from django.conf import settings
+
 from effect_broker.domain.contracts import load_contracts
 from effect_broker.services import runtime
 from examples.bench import phases
@@ -86,6 +88,9 @@ def run(out: Output, opts: BenchOptions) -> int:
             f"note: load average {load:.2f} on {os.cpu_count()} CPUs - another process "
             "is busy; figures will be noisy (rerun on a quiet machine to publish)"
         )
+    # Measure what production runs: with DEBUG on, Django logs and keeps every query
+    # (the bench's worker processes get DEBUG=0 the same way).
+    settings.DEBUG = False
     progress.next("preparing: own embedded server, scratch database, migrations, target")
     with scratch_database() as db:
         result = BenchResult(
