@@ -96,7 +96,10 @@ class EffectIntent(LedgerModel):
     """The business intent: one row per (tenant, operation_key), fenced by version."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="effects")
+    # No index of its own: (tenant, operation_key) and the list index lead with tenant.
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.PROTECT, related_name="effects", db_index=False
+    )
     operation_key = models.TextField()
     tool = models.TextField()
     request_hash = models.BinaryField()
@@ -135,9 +138,13 @@ class EffectIntent(LedgerModel):
             ),
         ]
         indexes = [
-            # Due work: the sweeper and claimers look up by status and due time.
+            # Due work: the sweeper looks up by status and due time. Only rows with a
+            # next action are in it, so settled effects (most of a ledger) cost it
+            # nothing, on write or on disk.
             models.Index(
-                fields=["status", "next_action_at"], name="effect_intents_due_idx"
+                fields=["status", "next_action_at"],
+                name="effect_intents_due_idx",
+                condition=models.Q(next_action_at__isnull=False),
             ),
             models.Index(
                 fields=["tenant", "status", "created_at"], name="effect_intents_list_idx"
@@ -158,8 +165,9 @@ class EffectAttempt(LedgerModel):
     """One dispatch attempt, committed before any byte may leave the process."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # No index of its own: the unique (effect, ordinal) index leads with it.
     effect = models.ForeignKey(
-        EffectIntent, on_delete=models.PROTECT, related_name="attempts"
+        EffectIntent, on_delete=models.PROTECT, related_name="attempts", db_index=False
     )
     ordinal = models.IntegerField()
     worker = models.TextField()
@@ -213,8 +221,9 @@ class EffectEvent(LedgerModel):
     """An append-only transition event, chained to its predecessor by digest."""
 
     id = models.BigAutoField(primary_key=True)
+    # No index of its own: the unique (effect, sequence) index leads with it.
     effect = models.ForeignKey(
-        EffectIntent, on_delete=models.PROTECT, related_name="events"
+        EffectIntent, on_delete=models.PROTECT, related_name="events", db_index=False
     )
     sequence = models.IntegerField()
     event_type = models.TextField()
