@@ -1,10 +1,12 @@
 """Ledger writes: reservation, fenced compare-and-swap transitions, attempts, receipts.
 
-Every function here runs its statements on Django's connection, so a caller's
-``transaction.atomic()`` (and a procrastinate defer made inside it) commits or rolls
-back together with the ledger write. Each version bump appends exactly one event whose
-``sequence`` equals the new version, so "events == version" is an invariant a reader can
-check without trusting the writer.
+Every write is ONE statement (a data-modifying CTE, ``store/sql.py``): the row, its event
+and whatever must commit with it (the dispatch job, an attempt, a receipt). In
+autocommit that statement is its own transaction: one round trip, one commit, nothing
+half-written if it fails. Run inside a caller's ``transaction.atomic()`` it commits or
+rolls back with the caller's other writes (e.g. a re-deferred job). Each version bump
+appends exactly one event whose ``sequence`` equals the new version, so "events ==
+version" is an invariant a reader can check without trusting the writer.
 """
 
 from __future__ import annotations

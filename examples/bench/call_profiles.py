@@ -57,7 +57,7 @@ def _part(sql: str) -> str:
     if text.startswith(("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO")):
         return "SAVEPOINT / RELEASE (a job defer nests one)"
     if text.startswith("SELECT") and "arguments_ciphertext" in text:
-        return "SELECT effect_intents: encrypted arguments"
+        return "SELECT effect_intents: row, head event digest, sealed arguments"
     if text.startswith("SELECT") and " FROM effect_intents" in text:
         return "SELECT effect_intents (+ head event digest)"
     verb = text.split(" ", 1)[0]
