@@ -25,7 +25,12 @@ import threading
 import time
 from pathlib import Path
 
-#: Every failpoint the code defines, in the order an effect passes them.
+#: Every failpoint the code defines, in the order an effect passes them. The
+#: reservation and the receipt are each one statement that carries its own commit, so
+#: ``before_reservation_commit`` and ``before_receipt_commit`` fire just before that
+#: statement is sent - for every submit (a replay included) and for every receipt
+#: write (one the fence will refuse included) - and the ``after_`` ones once it
+#: returned.
 FAILPOINTS = (
     "before_reservation_commit",
     "after_reservation_commit",

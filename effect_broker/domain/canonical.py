@@ -79,6 +79,10 @@ class _Walk:
 
 
 def _string(value: str, trail: _Trail) -> str:
+    if type(value) is not str:
+        # A str subclass (a StrEnum, or one overriding comparison or isascii) becomes
+        # its plain text, so sorting and escaping cannot depend on its methods.
+        value = str.__str__(value)
     if not value.isascii():
         try:
             value.encode("utf-8")
@@ -129,9 +133,10 @@ def _normalise(value: object, trail: _Trail, walk: _Walk) -> Any:
                             "not a string",
                             path=where,
                         )
-                    if not key.isascii():
+                    text = _string(key, trail)
+                    if not text.isascii():
                         walk.plain = False  # RFC 8785 sorts keys by UTF-16 units
-                    result[_string(key, trail)] = _normalise(item, (trail, key), walk)
+                    result[text] = _normalise(item, (trail, text), walk)
                 return result
             return [_normalise(item, (trail, i), walk) for i, item in enumerate(value)]
         finally:

@@ -26,6 +26,8 @@ _WITH_HEAD = len(INTENT_COLUMNS) + 1
 def record_from_row(row: Sequence[Any]) -> EffectRecord:
     """Build an ``EffectRecord`` from a row in ``INTENT_COLUMNS`` order, optionally
     followed by the head digest (``sql.SELECT_INTENT`` and every write return it)."""
+    if len(row) not in (len(INTENT_COLUMNS), _WITH_HEAD):
+        raise ValueError(f"intent row has {len(row)} columns, expected {_WITH_HEAD}")
     head = row[-1] if len(row) == _WITH_HEAD else None
     r = dict(zip(INTENT_COLUMNS, row[: len(INTENT_COLUMNS)], strict=True))
     return EffectRecord(

@@ -92,6 +92,15 @@ def test_given_any_json_value_then_bytes_equal_the_rfc8785_reference(value: Any)
     assert canonical_json(value) == rfc8785.dumps(value)
 
 
+def test_given_str_subclass_keys_with_own_ordering_then_bytes_follow_the_text() -> None:
+    class Backwards(str):
+        def __lt__(self, other: object) -> bool:
+            return str.__gt__(self, str(other))
+
+    value = {Backwards("a"): 1, Backwards("b"): 2}
+    assert canonical_json(value) == b'{"a":1,"b":2}' == rfc8785.dumps({"a": 1, "b": 2})
+
+
 def test_given_control_characters_then_escapes_match_the_rfc8785_reference() -> None:
     value = {"s": "".join(map(chr, range(0x20))) + '"\\/\x7f\u2028é\U0001f600'}
     assert canonical_json(value) == rfc8785.dumps(value)
