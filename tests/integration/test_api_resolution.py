@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,16 +21,10 @@ from effect_broker.services.dispatch import dispatch
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import create_tenant
 from effect_broker.store import load_effect_for_worker
-from tests.integration.engine.harness import TOOLS, Bench, engine_bench
+from tests.integration.engine.harness import TOOLS, Bench
 
 S = EffectStatus
 PROOF = {"charge_id": "ch_9", "checked": "dashboard"}
-
-
-@pytest.fixture
-def bench(db: None) -> Iterator[Bench]:
-    with engine_bench() as b:
-        yield b
 
 
 @pytest.fixture

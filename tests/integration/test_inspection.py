@@ -7,25 +7,16 @@ invokes an adapter, so these tests assert the target saw no request and no looku
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from effect_broker.domain.errors import InvalidRequestError, TenantNotFoundError
 from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.services import inspection, resolution
-from tests.integration.engine.harness import Bench, engine_bench
 
 S = EffectStatus
 IDEMPOTENT = SafetyClass.IDEMPOTENT
 UNSAFE = SafetyClass.UNSAFE
 PROOF = {"charge_id": "ch_777", "seen_in": "dashboard", "note": "secret-card-4242"}
-
-
-@pytest.fixture
-def bench(db: None) -> Iterator[Bench]:
-    with engine_bench() as b:
-        yield b
 
 
 def test_history_folds_events_at_any_sequence_without_touching_the_target(bench) -> None:

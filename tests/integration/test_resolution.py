@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 
 import pytest
 
@@ -31,18 +30,12 @@ from effect_broker.services import inspection, resolution
 from effect_broker.services.dispatch import dispatch
 from effect_broker.services.reconcile import reconcile
 from effect_broker.store import load_effect_for_worker, load_events, verify_event_chain
-from tests.integration.engine.harness import Bench, engine_bench
+from tests.integration.engine.harness import Bench
 
 S = EffectStatus
 IDEMPOTENT = SafetyClass.IDEMPOTENT
 UNSAFE = SafetyClass.UNSAFE
 PROOF = {"charge_id": "ch_777", "seen_in": "dashboard", "note": "secret-card-4242"}
-
-
-@pytest.fixture
-def bench(db: None) -> Iterator[Bench]:
-    with engine_bench() as b:
-        yield b
 
 
 def in_manual_review(bench: Bench) -> EffectRecord:

@@ -5,8 +5,6 @@ Negative tests count rows at the target: "did not happen" is asserted, not assum
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from django.db import connection
 
@@ -18,18 +16,12 @@ from effect_broker.services.dispatch import dispatch
 from effect_broker.services.reconcile import reconcile
 from effect_broker.services.sweeper import sweep
 from effect_broker.store import load_effect_for_worker, verify_event_chain
-from tests.integration.engine.harness import Bench, WorkerKilled, engine_bench
+from tests.integration.engine.harness import WorkerKilled
 
 IDEMPOTENT = SafetyClass.IDEMPOTENT
 RECONCILABLE = SafetyClass.RECONCILABLE
 UNSAFE = SafetyClass.UNSAFE
 TRANSACTIONAL = SafetyClass.TRANSACTIONAL
-
-
-@pytest.fixture
-def bench(db: None) -> Iterator[Bench]:
-    with engine_bench() as b:
-        yield b
 
 
 def status(record) -> EffectStatus:
