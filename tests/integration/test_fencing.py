@@ -3,6 +3,7 @@ compare-and-swap on its version; receipts and events are append-only in the data
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -211,3 +212,42 @@ def test_chain_verification_detects_a_deleted_event(tenant) -> None:
     with pytest.raises(EventChainBrokenError) as err:
         store.verify_event_chain(record.effect_id)
     assert err.value.details["sequence"] == 2
+
+
+@pytest.mark.django_db
+def test_a_record_read_without_its_head_digest_still_chains_correctly(tenant) -> None:
+    # A record built from a read that did not carry the head digest (e.g. the ORM
+    # listing) makes the write fetch it first; the chain it extends stays valid.
+    record = dataclasses.replace(reserve(tenant), head_digest=None)
+    moved = transition(
+        record, EffectStatus.DISPATCHING, event_type="t", actor="w1", now=now(record)
+    )
+    assert moved.version == 2
+    assert store.verify_event_chain(record.effect_id) == 2
+
+
+@pytest.mark.django_db
+def test_a_write_on_top_of_a_missing_event_is_refused_and_writes_nothing(
+    tenant,
+) -> None:
+    record = reserve(tenant)
+    moved = transition(
+        record, EffectStatus.DISPATCHING, event_type="t", actor="w1", now=now(record)
+    )
+    _as_privileged_dba(
+        "DELETE FROM effect_events WHERE effect_id = %s AND sequence = 2",
+        [record.effect_id],
+    )
+    reread = store.load_effect_for_worker(record.effect_id)
+    assert reread.head_digest is None  # the subselect found no event at version 2
+    with pytest.raises(EventChainBrokenError) as err:
+        transition(
+            reread,
+            EffectStatus.OUTCOME_UNKNOWN,
+            event_type="t",
+            actor="w1",
+            now=now(moved),
+        )
+    assert err.value.details["sequence"] == 2
+    assert EffectIntent.objects.get(pk=record.effect_id).version == 2
+    assert EffectEvent.objects.filter(effect_id=record.effect_id).count() == 1

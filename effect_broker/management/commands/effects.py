@@ -23,6 +23,26 @@ from effect_broker.services.runtime import get_runtime
 _STATUSES = [s.value for s in EffectStatus]
 
 
+#: ``effects resolve`` flags: one per operator verdict (mutually exclusive).
+_RESOLUTION_FLAGS = (
+    (
+        "--succeeded",
+        resolution.Resolution.SUCCEEDED,
+        "proof of success: settle with a receipt (needs --evidence)",
+    ),
+    (
+        "--not-committed",
+        resolution.Resolution.NOT_COMMITTED,
+        "proof the target never applied it: requeue (needs --evidence)",
+    ),
+    (
+        "--failed",
+        resolution.Resolution.FAILED,
+        "mark final failure: never dispatched again",
+    ),
+)
+
+
 class Command(BaseCommand):
     help = (
         "Operate on effects across tenants: list them, inspect an effect's state and "
@@ -89,27 +109,14 @@ class Command(BaseCommand):
         )
         resolve.add_argument("effect_id")
         choice = resolve.add_mutually_exclusive_group(required=True)
-        choice.add_argument(
-            "--succeeded",
-            dest="resolution",
-            action="store_const",
-            const=resolution.Resolution.SUCCEEDED.value,
-            help="proof of success: settle with a receipt (needs --evidence)",
-        )
-        choice.add_argument(
-            "--not-committed",
-            dest="resolution",
-            action="store_const",
-            const=resolution.Resolution.NOT_COMMITTED.value,
-            help="proof the target never applied it: requeue (needs --evidence)",
-        )
-        choice.add_argument(
-            "--failed",
-            dest="resolution",
-            action="store_const",
-            const=resolution.Resolution.FAILED.value,
-            help="mark final failure: never dispatched again",
-        )
+        for flag, verdict, help_text in _RESOLUTION_FLAGS:
+            choice.add_argument(
+                flag,
+                dest="resolution",
+                action="store_const",
+                const=verdict.value,
+                help=help_text,
+            )
         resolve.add_argument(
             "--reason", required=True, metavar="TEXT", help="why; recorded in the event"
         )
