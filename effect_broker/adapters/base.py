@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from effect_broker import failpoints
 from effect_broker.domain.canonical import validate_json_value
@@ -35,6 +35,39 @@ from effect_broker.domain.states import ProbeStatus
 JsonObject = Mapping[str, object]
 
 
+class SendGate(Protocol):
+    """The worker's proof, checked right before a request is written, that it still
+    holds its lease (issue "correctness at the edges", defect 1: a paused worker).
+
+    ``check`` raises ``SendRefusedError`` (nothing was sent) when the lease cannot be
+    proved on a clock that cannot jump; ``remaining`` is how many seconds the attempt
+    may still take (its total time limit), so an adapter bounds its I/O by it.
+    """
+
+    def check(self) -> None:
+        """Raise ``SendRefusedError`` unless sending now is provably within the lease."""
+        ...
+
+    def remaining(self) -> float:
+        """Seconds left in this attempt's total time limit (never negative)."""
+        ...
+
+
+class OpenGate:
+    """A gate that always lets the request through: adapters driven outside a
+    worker (the conformance kit, direct tests) have no lease to prove."""
+
+    def check(self) -> None:
+        """Never refuses."""
+
+    def remaining(self) -> float:
+        """No limit beyond the adapter's own timeouts."""
+        return float("inf")
+
+
+OPEN_GATE = OpenGate()
+
+
 @dataclass(frozen=True, slots=True)
 class DispatchRequest:
     """One attempt at an effect: what the adapter may send, and under which key."""
@@ -43,6 +76,15 @@ class DispatchRequest:
     arguments: JsonObject
     attempt_id: str
     contract: EffectContract
+    #: Checked by the base class before ``_send`` and, by adapters that can, again
+    #: immediately before the first byte is written.
+    gate: SendGate = OPEN_GATE
+
+    @property
+    def fencing_token(self) -> int:
+        """The version this attempt was claimed at: grows with every claim of the
+        effect, so a target can refuse a request from an older claim."""
+        return self.effect.version
 
     @property
     def downstream_key(self) -> str:
@@ -103,6 +145,9 @@ class EffectAdapter(ABC):
     def dispatch(self, request: DispatchRequest) -> DispatchResult:
         """Execute the effect once with ``request.downstream_key``; never retry inside."""
         failpoints.hit("before_request_write", subject=_subject(request.effect))
+        # A worker paused since its claim must not send now: the sweeper may already
+        # have handed the effect to someone else (SendRefusedError: nothing left).
+        request.gate.check()
         try:
             result = self._send(request)
         except AdapterError:
@@ -151,6 +196,7 @@ class EffectAdapter(ABC):
 
 
 __all__ = [
+    "OPEN_GATE",
     "DispatchRequest",
     "DispatchResult",
     "EffectAdapter",
@@ -158,5 +204,6 @@ __all__ = [
     "ProbeRequest",
     "ProbeResult",
     "RetryableAdapterError",
+    "SendGate",
     "TerminalAdapterError",
 ]

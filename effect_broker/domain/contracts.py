@@ -19,6 +19,8 @@ File format (``contracts.toml``)::
     settlement_bound = "30s"       # lookup settlement bound; required for reconcilable
     backoff_initial = "1s"         # default 1s
     backoff_max = "1m"             # default 60s; must be >= backoff_initial
+    attempt_timeout = "20s"        # total time one attempt may take; default: the
+                                   # worker's lease less its send margin
     adapter = "http"               # default "simulated"
     preview_fields = ["amount", "currency"]   # arguments shown unredacted
     active = true                  # at most one active contract per tool; default true
@@ -99,6 +101,9 @@ class EffectContract:
     settlement_bound: timedelta | None = None
     backoff_initial: timedelta = timedelta(seconds=1)
     backoff_max: timedelta = timedelta(seconds=60)
+    #: Total time one attempt may take, however the target trickles its answer;
+    #: None means "the lease less the send margin" (``services.send_gate``).
+    attempt_timeout: timedelta | None = None
     adapter: str = "simulated"
     adapter_options: Mapping[str, object] = field(
         default_factory=lambda: MappingProxyType({})
@@ -129,6 +134,7 @@ class EffectContract:
             "settlement_bound",
             "backoff_initial",
             "backoff_max",
+            "attempt_timeout",
         ):
             duration = getattr(self, name)
             if duration is None and name.startswith("backoff"):
@@ -261,13 +267,20 @@ _FIELDS = (
     "settlement_bound",
     "backoff_initial",
     "backoff_max",
+    "attempt_timeout",
     "adapter",
     "adapter_options",
     "preview_fields",
     "active",
     "description",
 )
-_DURATION_FIELDS = ("key_retention", "settlement_bound", "backoff_initial", "backoff_max")
+_DURATION_FIELDS = (
+    "key_retention",
+    "settlement_bound",
+    "backoff_initial",
+    "backoff_max",
+    "attempt_timeout",
+)
 _LINE = re.compile(r"at line (\d+)")
 
 

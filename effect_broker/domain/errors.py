@@ -249,6 +249,16 @@ class RetryableAdapterError(AdapterError):
     code = "adapter_retryable"
 
 
+class SendRefusedError(RetryableAdapterError):
+    """The worker refused to send: it could not prove it still holds its lease.
+
+    Raised by the send gate immediately before the request would be written, so no
+    byte left this process; the attempt ends as not sent.
+    """
+
+    code = "send_refused"
+
+
 class TerminalAdapterError(AdapterError):
     """The target refused the request definitively; retrying cannot succeed."""
 

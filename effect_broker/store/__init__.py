@@ -18,6 +18,7 @@ from effect_broker.store.ledger import (
 )
 from effect_broker.store.reads import (
     SealedArguments,
+    database_now,
     get_effect,
     list_effects,
     load_arguments,
@@ -35,6 +36,7 @@ __all__ = [
     "Rider",
     "SealedArguments",
     "close_attempt",
+    "database_now",
     "get_effect",
     "list_effects",
     "load_arguments",

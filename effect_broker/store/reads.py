@@ -26,6 +26,20 @@ class StoredEvent:
     digest: bytes
 
 
+def database_now() -> datetime:
+    """The database server's clock (``clock_timestamp()``).
+
+    Leases, key retention and settlement deadlines are written and compared on this
+    one clock, never on a worker's own: a host whose clock is off must not expire a
+    live lease or make a "not found" conclusive early (issue: one host's clock).
+    """
+    with connection.cursor() as cur:
+        cur.execute("SELECT clock_timestamp()")
+        row = cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
 def get_effect(tenant_id: str, effect_id: str) -> EffectRecord:
     """Return one effect of this tenant; another tenant's id is simply not found."""
     with connection.cursor() as cur:

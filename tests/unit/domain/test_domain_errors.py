@@ -55,6 +55,7 @@ EXPECTED = {
     "EmbeddedPostgresError": ("embedded_postgres", 500),
     "AdapterError": ("adapter_error", 502),
     "RetryableAdapterError": ("adapter_retryable", 502),
+    "SendRefusedError": ("send_refused", 502),
     "TerminalAdapterError": ("adapter_terminal", 502),
     "OutcomeUnknownError": ("outcome_unknown", 502),
 }
