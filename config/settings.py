@@ -132,6 +132,10 @@ def _seconds(name: str, default: float) -> float:
 EFFECT_BROKER_TIMING = {
     "lease_seconds": _seconds("EFFECT_BROKER_LEASE_SECONDS", 30.0),
     "heartbeat_seconds": _seconds("EFFECT_BROKER_HEARTBEAT_SECONDS", 10.0),
+    # The send gate refuses to send with less than this left on the lease, and a
+    # negative lookup after a lost worker waits this much longer (README "Worker
+    # death"): it covers the window between the gate and the socket write.
+    "send_margin_seconds": _seconds("EFFECT_BROKER_SEND_MARGIN_SECONDS", 2.0),
     "retention_margin_seconds": _seconds("EFFECT_BROKER_RETENTION_MARGIN_SECONDS", 60.0),
     "reconcile_window_seconds": _seconds(
         "EFFECT_BROKER_RECONCILE_WINDOW_SECONDS", 3600.0

@@ -120,6 +120,9 @@ class EffectIntent(LedgerModel):
     first_dispatch_at = models.DateTimeField(null=True, blank=True)
     retention_deadline = models.DateTimeField(null=True, blank=True)
     settlement_deadline = models.DateTimeField(null=True, blank=True)
+    # Set when an attempt may have reached the target unanswered; cleared only by
+    # proof of non-commit. While set, no refusal can end the effect failed_final.
+    outcome_in_doubt = models.BooleanField(db_default=False)
     receipt_id = models.UUIDField(null=True, blank=True)
     trace_id = models.TextField(null=True, blank=True)
     requested_by = models.TextField(default="", blank=True)

@@ -135,6 +135,7 @@ def make_effect_record(
         settlement_deadline=(
             now + contract.settlement_bound if contract.settlement_bound else None
         ),
+        outcome_in_doubt=False,
         receipt_id=None,
         trace_id=None,
         requested_by="conformance",

@@ -50,6 +50,9 @@ class EffectRecord:
     first_dispatch_at: datetime | None
     retention_deadline: datetime | None
     settlement_deadline: datetime | None
+    #: True once an attempt may have reached the target with no answer seen (and no
+    #: proof of non-commit since): no later refusal may end the effect failed_final.
+    outcome_in_doubt: bool
     receipt_id: str | None
     trace_id: str | None
     requested_by: str

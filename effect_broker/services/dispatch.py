@@ -3,13 +3,14 @@
 Spec "State machine" rule 1: DISPATCHING and the attempt row commit before any network
 I/O, so a worker that dies mid-call leaves evidence that bytes may have left. The
 outcome is written with the version the worker holds; a worker whose lease was taken
-away is refused by the fence and its late write is recorded, never applied.
+away is refused by the fence and its late write is recorded, never applied. A worker
+that stalled after its claim does not send at all: the send gate (``services.lease``)
+refuses unless the lease is provably still held.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from django.db import transaction
 
@@ -23,9 +24,10 @@ from effect_broker.domain.errors import (
     TerminalAdapterError,
 )
 from effect_broker.domain.records import EffectRecord
-from effect_broker.domain.states import EffectStatus, SafetyClass
-from effect_broker.services import outcomes
+from effect_broker.domain.states import EffectStatus
+from effect_broker.services import deadlines, outcomes
 from effect_broker.services.lease import LeaseKeeper
+from effect_broker.services.outcomes import to_manual_review
 from effect_broker.services.payloads import load_arguments
 from effect_broker.services.runtime import Runtime, get_runtime
 
@@ -53,16 +55,17 @@ def dispatch(
 ) -> EffectRecord:
     """Dispatch ``effect_id`` if due; safe to call any number of times."""
     rt = runtime or get_runtime()
-    record, sealed = store.load_for_dispatch(effect_id)
+    read = store.load_for_dispatch(effect_id, offset=rt.clock.database_offset())
+    record = read.record
     if record.status not in DISPATCHABLE:
         return record
-    now = rt.clock.now()
-    if record.next_action_at is not None and record.next_action_at > now:
+    # Due or not is decided on the database's clock (it also scheduled the job).
+    if record.next_action_at is not None and record.next_action_at > read.database_now:
         rt.scheduler.dispatch(effect_id, at=record.next_action_at)
         return record
     contract = rt.registry.get(record.contract_name, record.contract_version)
     try:
-        return _dispatch_due(rt, record, contract, sealed, worker=worker)
+        return _dispatch_due(rt, read, contract, worker=worker)
     except StaleWriteError as exc:
         note_stale_write(rt, exc, actor=worker)
         return store.load_effect_for_worker(effect_id)
@@ -70,12 +73,12 @@ def dispatch(
 
 def _dispatch_due(
     rt: Runtime,
-    record: EffectRecord,
+    read: store.DispatchRead,
     contract: EffectContract,
-    sealed: store.SealedArguments,
     *,
     worker: str,
 ) -> EffectRecord:
+    record = read.record
     if record.attempt_count > contract.retry_limit:
         return outcomes.record_failed(
             rt,
@@ -85,61 +88,16 @@ def _dispatch_due(
             reason="retry limit reached",
             event_type="retries_exhausted",
         )
-    if record.status is EffectStatus.RETRYABLE and not within_key_retention(rt, record):
+    if record.status is EffectStatus.RETRYABLE and not deadlines.within_key_retention(
+        rt, record, read.database_now
+    ):
         return to_manual_review(rt, record, actor=worker, reason="key retention expired")
     adapter = rt.adapter_for(contract)
     if adapter.transactional:
         return _dispatch_transactional(
-            rt, record, contract, adapter, worker=worker, sealed=sealed
+            rt, record, contract, adapter, worker=worker, sealed=read.sealed
         )
-    return send_attempt(rt, record, contract, adapter, worker=worker, sealed=sealed)
-
-
-def within_key_retention(rt: Runtime, record: EffectRecord) -> bool:
-    """True while an idempotent target still remembers the downstream key (less margin).
-
-    Spec rule 4 and "Important constraints": once the target may have forgotten the
-    key, a resend could create a second effect, so automatic retry stops.
-    """
-    if record.safety is not SafetyClass.IDEMPOTENT or record.retention_deadline is None:
-        return True
-    return rt.clock.now() < record.retention_deadline - rt.timing.retention_margin
-
-
-def to_manual_review(
-    rt: Runtime, record: EffectRecord, *, actor: str, reason: str
-) -> EffectRecord:
-    """Stop automatic handling: the effect waits for an operator, with the reason."""
-    return store.transition(
-        record,
-        EffectStatus.MANUAL_REVIEW,
-        event_type="manual_review_required",
-        actor=actor,
-        now=rt.clock.now(),
-        metadata={"reason": reason},
-        changes={"lease_owner": None, "lease_expires_at": None, "next_action_at": None},
-    )
-
-
-def attempt_changes(
-    rt: Runtime, record: EffectRecord, contract: EffectContract, *, worker: str
-) -> dict[str, Any]:
-    """Lease and deadlines written together with DISPATCHING."""
-    now = rt.clock.now()
-    first = record.first_dispatch_at or now
-    changes: dict[str, Any] = {
-        "lease_owner": worker,
-        "lease_expires_at": now + rt.timing.lease,
-        "next_action_at": None,
-        "first_dispatch_at": first,
-    }
-    if contract.safety is SafetyClass.IDEMPOTENT and contract.key_retention:
-        changes["retention_deadline"] = first + contract.key_retention
-    if contract.safety is SafetyClass.RECONCILABLE and contract.settlement_bound:
-        # Counted from the latest time bytes may have left: after a conclusive
-        # not-committed and a resend, the clock starts again.
-        changes["settlement_deadline"] = now + contract.settlement_bound
-    return changes
+    return send_attempt(rt, record, contract, adapter, worker=worker, sealed=read.sealed)
 
 
 def send_attempt(
@@ -151,21 +109,37 @@ def send_attempt(
     worker: str,
     sealed: store.SealedArguments | None = None,
 ) -> EffectRecord:
-    """Commit DISPATCHING + attempt, call the adapter once, record what happened."""
+    """Commit DISPATCHING + attempt, call the adapter once behind the send gate, and
+    record what happened."""
     arguments = load_arguments(rt, record, sealed)
+    # Read BEFORE the claim is sent: the lease the database starts is no older than
+    # this, so "claimed_at + lease - margin" is a moment the lease provably holds.
+    claimed_at = rt.clock.monotonic()
     record, attempt_id = store.start_attempt(
         record,
         worker=worker,
         now=rt.clock.now(),
-        changes=attempt_changes(rt, record, contract, worker=worker),
+        changes=deadlines.claim_changes(rt, record, contract, worker=worker),
     )
-    request = DispatchRequest(
-        effect=record, arguments=arguments, attempt_id=attempt_id, contract=contract
-    )
-    with LeaseKeeper(rt, record, worker=worker) as keeper:
+    with LeaseKeeper(
+        rt,
+        record,
+        worker=worker,
+        claimed_at=claimed_at,
+        attempt_limit=deadlines.attempt_limit(rt, contract),
+    ) as keeper:
+        request = DispatchRequest(
+            effect=record,
+            arguments=arguments,
+            attempt_id=attempt_id,
+            contract=contract,
+            gate=keeper,
+        )
         try:
             result = adapter.dispatch(request)
         except RetryableAdapterError as exc:
+            # Includes SendRefusedError: the gate refused, nothing left the process.
+            # If the lease was taken over meanwhile, the fence refuses this write too.
             failure: tuple[str, str] | None = ("retryable", str(exc))
         except TerminalAdapterError as exc:
             failure = ("terminal", str(exc))
@@ -218,7 +192,7 @@ def _dispatch_transactional(
             record,
             worker=worker,
             now=rt.clock.now(),
-            changes=attempt_changes(rt, record, contract, worker=worker),
+            changes=deadlines.claim_changes(rt, record, contract, worker=worker),
         )
         request = DispatchRequest(
             effect=started, arguments=arguments, attempt_id=attempt_id, contract=contract

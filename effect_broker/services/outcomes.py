@@ -5,6 +5,13 @@ a lost connection after send, worker death or an expired lease becomes OUTCOME_U
 never an ordinary retry. The transition, its event, the attempt's close and the receipt
 are one statement (``store.transition`` riders); only an outcome that also defers a job
 needs a transaction around it.
+
+Unknown is sticky (issue "correctness at the edges", defect 3): once an attempt may
+have reached the target unanswered (``outcome_in_doubt``), a later refusal, terminal
+answer or spent retry budget proves nothing about that earlier attempt - it may hold
+the charge. Such an effect goes back to OUTCOME_UNKNOWN (reconciliation: a same-key
+resend or a probe) or to MANUAL_REVIEW with the reason, never to FAILED_FINAL. Only
+proof of non-commit (a conclusive probe, an operator's attestation) clears the doubt.
 """
 
 from __future__ import annotations
@@ -21,11 +28,19 @@ from effect_broker.domain.contracts import EffectContract
 from effect_broker.domain.ids import new_row_id
 from effect_broker.domain.keys import digest_hex
 from effect_broker.domain.records import EffectRecord
-from effect_broker.domain.states import EffectStatus, SafetyClass
+from effect_broker.domain.states import EffectStatus
+from effect_broker.services import deadlines
 from effect_broker.services.payloads import seal_result
 from effect_broker.services.runtime import Runtime
+from effect_broker.store import db_time
 
 _CLEAR_LEASE = {"lease_owner": None, "lease_expires_at": None}
+
+#: Said wherever a refusal may not end an effect: the reason operators read.
+_IN_DOUBT = (
+    "an earlier attempt may have reached the target unanswered, so this cannot prove "
+    "that nothing was charged"
+)
 
 
 def _subject(record: EffectRecord) -> str:
@@ -133,6 +148,15 @@ def record_retryable(
         now=now,
     )
     if record.attempt_count > contract.retry_limit:
+        if record.outcome_in_doubt:
+            return _back_to_unknown(
+                rt,
+                record,
+                actor=actor,
+                riders=(closed,),
+                reason=f"retry limit reached ({reason}); {_IN_DOUBT}",
+                event_type="retries_exhausted_in_doubt",
+            )
         return store.transition(
             record,
             EffectStatus.FAILED_FINAL,
@@ -143,7 +167,9 @@ def record_retryable(
             changes={**_CLEAR_LEASE, "next_action_at": None},
             riders=(closed,),
         )
-    due = now + contract.backoff(record.attempt_count)
+    due = db_time.after_now(
+        rt.clock.database_offset(), contract.backoff(record.attempt_count)
+    )
     with transaction.atomic():  # the retry's job commits with the transition
         updated = store.transition(
             record,
@@ -155,7 +181,7 @@ def record_retryable(
             changes={**_CLEAR_LEASE, "next_action_at": due},
             riders=(closed,),
         )
-        rt.scheduler.dispatch(record.effect_id, at=due)
+        rt.scheduler.dispatch(record.effect_id, at=updated.next_action_at)
     return updated
 
 
@@ -168,8 +194,25 @@ def record_failed(
     reason: str,
     event_type: str = "dispatch_refused",
 ) -> EffectRecord:
-    """A definitive refusal by the target: FAILED_FINAL."""
+    """A definitive refusal by the target: FAILED_FINAL, unless an earlier attempt
+    is in doubt (then reconciliation or an operator decides, module docstring)."""
     now = rt.clock.now()
+    closing = _closing(
+        attempt_id,
+        store.AttemptOutcome(outcome="refused", error_category=reason),
+        now=now,
+    )
+    if record.outcome_in_doubt:
+        if record.status is EffectStatus.DISPATCHING:
+            return _back_to_unknown(
+                rt,
+                record,
+                actor=actor,
+                riders=closing,
+                reason=f"{reason}; {_IN_DOUBT}",
+                event_type="refused_in_doubt",
+            )
+        return to_manual_review(rt, record, actor=actor, reason=f"{reason}; {_IN_DOUBT}")
     return store.transition(
         record,
         EffectStatus.FAILED_FINAL,
@@ -178,23 +221,45 @@ def record_failed(
         now=now,
         metadata={"reason": reason},
         changes={**_CLEAR_LEASE, "next_action_at": None},
-        riders=_closing(
-            attempt_id,
-            store.AttemptOutcome(outcome="refused", error_category=reason),
-            now=now,
-        ),
+        riders=closing,
     )
 
 
-def unknown_follow_up(record: EffectRecord, now: datetime) -> datetime | None:
-    """When to reconcile an unknown outcome; None for unsafe (an operator decides)."""
-    if record.safety is SafetyClass.UNSAFE:
-        return None
-    if record.safety is SafetyClass.RECONCILABLE and record.settlement_deadline:
-        # A negative lookup is not conclusive before the settlement deadline, and a
-        # positive one may not be visible yet either: probe once it has passed.
-        return max(now, record.settlement_deadline)
-    return now
+def to_manual_review(
+    rt: Runtime, record: EffectRecord, *, actor: str, reason: str
+) -> EffectRecord:
+    """Stop automatic handling: the effect waits for an operator, with the reason."""
+    return store.transition(
+        record,
+        EffectStatus.MANUAL_REVIEW,
+        event_type="manual_review_required",
+        actor=actor,
+        now=rt.clock.now(),
+        metadata={"reason": reason},
+        changes={**_CLEAR_LEASE, "next_action_at": None},
+    )
+
+
+def _back_to_unknown(
+    rt: Runtime,
+    record: EffectRecord,
+    *,
+    actor: str,
+    riders: tuple[store.Rider, ...],
+    reason: str,
+    event_type: str,
+) -> EffectRecord:
+    """An attempt ended in a refusal while an earlier one is in doubt: the outcome is
+    still unknown, and reconciliation (or an operator) settles it."""
+    return _write_unknown(
+        rt,
+        record,
+        actor=actor,
+        riders=riders,
+        reason=reason,
+        event_type=event_type,
+        lease_expired=False,
+    )
 
 
 def record_unknown(
@@ -205,25 +270,50 @@ def record_unknown(
     attempt_id: str | None,
     reason: str,
     event_type: str = "outcome_unknown",
+    lease_expired: bool = False,
 ) -> EffectRecord:
-    """Bytes may have left and no answer came back: OUTCOME_UNKNOWN, never a retry."""
+    """Bytes may have left and no answer came back: OUTCOME_UNKNOWN, never a retry.
+
+    ``lease_expired``: the worker is presumed dead rather than having seen its call
+    end, so the request may have been sent as late as the end of its lease.
+    """
     now = rt.clock.now()
-    due = unknown_follow_up(record, now)
+    return _write_unknown(
+        rt,
+        record,
+        actor=actor,
+        riders=_closing(
+            attempt_id,
+            store.AttemptOutcome(outcome="unknown", error_category=reason),
+            now=now,
+        ),
+        reason=reason,
+        event_type=event_type,
+        lease_expired=lease_expired,
+    )
+
+
+def _write_unknown(
+    rt: Runtime,
+    record: EffectRecord,
+    *,
+    actor: str,
+    riders: tuple[store.Rider, ...],
+    reason: str,
+    event_type: str,
+    lease_expired: bool,
+) -> EffectRecord:
     with transaction.atomic():  # the reconciliation job commits with the transition
         updated = store.transition(
             record,
             EffectStatus.OUTCOME_UNKNOWN,
             event_type=event_type,
             actor=actor,
-            now=now,
+            now=rt.clock.now(),
             metadata={"reason": reason},
-            changes={**_CLEAR_LEASE, "next_action_at": due},
-            riders=_closing(
-                attempt_id,
-                store.AttemptOutcome(outcome="unknown", error_category=reason),
-                now=now,
-            ),
+            changes=deadlines.unknown_changes(rt, record, lease_expired=lease_expired),
+            riders=riders,
         )
-        if due is not None:
-            rt.scheduler.reconcile(record.effect_id, at=due)
+        if updated.next_action_at is not None:
+            rt.scheduler.reconcile(record.effect_id, at=updated.next_action_at)
     return updated

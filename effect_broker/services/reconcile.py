@@ -5,13 +5,17 @@ Spec "State machine" rules 4-6:
 * idempotent   - redispatch with the SAME downstream key while the target still retains
                  it (less a safety margin); after that, manual review;
 * reconcilable - probe first. COMMITTED records the receipt without any resend; a
-                 NOT_COMMITTED answer is conclusive only after the settlement deadline
-                 (before it, it counts as unknown); only a conclusive NOT_COMMITTED
-                 requeues the effect;
+                 NOT_COMMITTED answer is conclusive only if the probe was issued at or
+                 after the settlement deadline, read on the database's clock BEFORE the
+                 probe is sent (``services.deadlines``); before it, or with no deadline
+                 at all, it counts as unknown; only a conclusive NOT_COMMITTED requeues
+                 the effect, and only it clears the doubt;
 * unsafe       - never redispatched; it stays outcome_unknown until an operator acts.
 """
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from django.db import transaction
 
@@ -21,15 +25,12 @@ from effect_broker.domain.contracts import EffectContract
 from effect_broker.domain.errors import StaleWriteError
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus, ProbeStatus, SafetyClass
-from effect_broker.services import outcomes
-from effect_broker.services.dispatch import (
-    note_stale_write,
-    send_attempt,
-    to_manual_review,
-    within_key_retention,
-)
+from effect_broker.services import deadlines, outcomes
+from effect_broker.services.dispatch import note_stale_write, send_attempt
+from effect_broker.services.outcomes import to_manual_review
 from effect_broker.services.payloads import load_arguments
 from effect_broker.services.runtime import Runtime, get_runtime
+from effect_broker.store import db_time
 
 _CLEAR_LEASE = {"lease_owner": None, "lease_expires_at": None}
 
@@ -44,8 +45,8 @@ def reconcile(
         return record
     if record.safety is SafetyClass.UNSAFE:
         return record  # rule 6: an operator resolves it; nothing automatic, ever
-    now = rt.clock.now()
-    if record.next_action_at is not None and record.next_action_at > now:
+    database_now = store.database_now(rt.clock.database_offset())
+    if record.next_action_at is not None and record.next_action_at > database_now:
         rt.scheduler.reconcile(effect_id, at=record.next_action_at)
         return record
     contract = rt.registry.get(record.contract_name, record.contract_version)
@@ -55,11 +56,16 @@ def reconcile(
             EffectStatus.RECONCILING,
             event_type="reconcile_started",
             actor=worker,
-            now=now,
-            changes={"lease_owner": worker, "lease_expires_at": now + rt.timing.lease},
+            now=rt.clock.now(),
+            changes={
+                "lease_owner": worker,
+                "lease_expires_at": deadlines.lease_until(rt),
+            },
         )
         if record.safety is SafetyClass.IDEMPOTENT:
-            return _reconcile_idempotent(rt, claimed, contract, worker=worker)
+            return _reconcile_idempotent(
+                rt, claimed, contract, worker=worker, database_now=database_now
+            )
         if record.safety is SafetyClass.RECONCILABLE:
             return _reconcile_by_probe(rt, claimed, contract, worker=worker)
         return to_manual_review(
@@ -74,9 +80,14 @@ def reconcile(
 
 
 def _reconcile_idempotent(
-    rt: Runtime, record: EffectRecord, contract: EffectContract, *, worker: str
+    rt: Runtime,
+    record: EffectRecord,
+    contract: EffectContract,
+    *,
+    worker: str,
+    database_now: datetime,
 ) -> EffectRecord:
-    if not within_key_retention(rt, record):
+    if not deadlines.within_key_retention(rt, record, database_now):
         return to_manual_review(
             rt, record, actor=worker, reason="downstream key retention expired"
         )
@@ -92,13 +103,14 @@ def _reconcile_by_probe(
     rt: Runtime, record: EffectRecord, contract: EffectContract, *, worker: str
 ) -> EffectRecord:
     adapter = rt.adapter_for(contract)
+    arguments = load_arguments(rt, record)
+    # When the probe was ISSUED decides whether "not found" is conclusive: read the
+    # database's clock before sending it (a slow probe must not make itself late).
+    issued_at = store.database_now(rt.clock.database_offset())
     probe = adapter.probe(
-        ProbeRequest(
-            effect=record, arguments=load_arguments(rt, record), contract=contract
-        )
+        ProbeRequest(effect=record, arguments=arguments, contract=contract)
     )
-    now = rt.clock.now()
-    settled = record.settlement_deadline is None or now >= record.settlement_deadline
+    settled = deadlines.settled(record, issued_at)
     evidence = _evidence(probe)
     if probe.status is ProbeStatus.COMMITTED:
         return outcomes.record_success(
@@ -118,22 +130,27 @@ def _reconcile_by_probe(
             rt, record, contract, actor=worker, evidence=evidence
         )
     # Inconclusive: NOT_COMMITTED before the bound, or UNKNOWN.
-    if (
-        settled
-        and now >= (record.settlement_deadline or now) + rt.timing.reconcile_window
-    ):
+    if record.settlement_deadline is None:
+        return to_manual_review(
+            rt,
+            record,
+            actor=worker,
+            reason="no settlement deadline is known, so a negative lookup can never be "
+            "conclusive; the lookup did not find the effect committed",
+        )
+    if settled and issued_at >= record.settlement_deadline + rt.timing.reconcile_window:
         return to_manual_review(
             rt, record, actor=worker, reason="lookup stayed inconclusive past its bound"
         )
-    due = max(record.settlement_deadline or now, now + contract.backoff(1))
+    due = max(record.settlement_deadline, issued_at + contract.backoff(1))
     with transaction.atomic():
         updated = store.transition(
             record,
             EffectStatus.OUTCOME_UNKNOWN,
             event_type="reconcile_inconclusive",
             actor=worker,
-            now=now,
-            metadata={"probe": probe.status.value, "settled": settled, **evidence},
+            now=rt.clock.now(),
+            metadata={"settled": settled, **evidence},
             changes={**_CLEAR_LEASE, "next_action_at": due},
         )
         rt.scheduler.reconcile(record.effect_id, at=due)
@@ -168,7 +185,12 @@ def _requeue_not_committed(
             actor=actor,
             now=now,
             metadata=evidence,
-            changes={**_CLEAR_LEASE, "next_action_at": now},
+            # A conclusive lookup proves no earlier attempt committed: the doubt ends.
+            changes={
+                **_CLEAR_LEASE,
+                "next_action_at": db_time.after_now(rt.clock.database_offset()),
+                "outcome_in_doubt": False,
+            },
         )
         rt.scheduler.dispatch(record.effect_id)
     return updated

@@ -56,6 +56,10 @@ class EngineTiming:
     lease: timedelta = timedelta(seconds=30)
     #: How often a dispatching worker extends its lease during long I/O (0: never).
     heartbeat: timedelta = timedelta(seconds=10)
+    #: The send gate refuses to send with less than this left on the lease (measured
+    #: on the monotonic clock from before the claim was sent); a negative lookup
+    #: after a lost attempt waits this much longer than the settlement bound.
+    send_margin: timedelta = timedelta(seconds=2)
     #: Stop redispatching an idempotent effect this long before its key expires.
     retention_margin: timedelta = timedelta(seconds=60)
     #: How long past its settlement deadline an inconclusive probe keeps retrying.
@@ -103,6 +107,7 @@ def _build() -> Runtime:
         timing=EngineTiming(
             lease=timedelta(seconds=timing["lease_seconds"]),
             heartbeat=timedelta(seconds=timing["heartbeat_seconds"]),
+            send_margin=timedelta(seconds=timing["send_margin_seconds"]),
             retention_margin=timedelta(seconds=timing["retention_margin_seconds"]),
             reconcile_window=timedelta(seconds=timing["reconcile_window_seconds"]),
             redefer_grace=timedelta(seconds=timing["redefer_grace_seconds"]),

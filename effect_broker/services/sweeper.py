@@ -18,6 +18,7 @@ from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.services import outcomes
 from effect_broker.services.dispatch import note_stale_write
 from effect_broker.services.runtime import Runtime, get_runtime
+from effect_broker.store import db_time
 from effect_broker.store.reads import due_effects, expired_leases, open_attempt_id
 
 logger = logging.getLogger(__name__)
@@ -40,9 +41,12 @@ def sweep(*, actor: str = "sweeper", runtime: Runtime | None = None) -> SweepRep
     """Convert expired leases to unknown outcomes and re-defer due work."""
     rt = runtime or get_runtime()
     now = rt.clock.now()
+    offset = rt.clock.database_offset()
     expired = stale = 0
+    # Expired by the database's clock: a sweeper on a host whose clock runs ahead
+    # must not declare a live worker dead.
     for record in expired_leases(
-        [EffectStatus.DISPATCHING, EffectStatus.RECONCILING], now=now
+        [EffectStatus.DISPATCHING, EffectStatus.RECONCILING], offset=offset
     ):
         try:
             if record.status is EffectStatus.DISPATCHING:
@@ -55,6 +59,9 @@ def sweep(*, actor: str = "sweeper", runtime: Runtime | None = None) -> SweepRep
                     attempt_id=open_attempt_id(record.effect_id),
                     reason=f"dispatch lease of {record.lease_owner} expired",
                     event_type="lease_expired",
+                    # The worker may be paused, not dead: it could have sent as late
+                    # as the end of its lease, and settlement counts from there.
+                    lease_expired=True,
                 )
             else:
                 # An interrupted reconciliation learned nothing: the outcome is still
@@ -69,7 +76,7 @@ def sweep(*, actor: str = "sweeper", runtime: Runtime | None = None) -> SweepRep
                         changes={
                             "lease_owner": None,
                             "lease_expires_at": None,
-                            "next_action_at": now,
+                            "next_action_at": db_time.after_now(offset),
                         },
                     )
                     rt.scheduler.reconcile(record.effect_id)
@@ -77,15 +84,15 @@ def sweep(*, actor: str = "sweeper", runtime: Runtime | None = None) -> SweepRep
         except StaleWriteError as exc:  # the worker finished after all, just in time
             note_stale_write(rt, exc, actor=actor)
             stale += 1
-    due_before = now - rt.timing.redefer_grace
+    grace = rt.timing.redefer_grace
     dispatch_due = 0
     for status in (EffectStatus.PREPARED, EffectStatus.RETRYABLE):
-        for record in due_effects(status, due_before=due_before, safety=_ALL):
+        for record in due_effects(status, grace=grace, safety=_ALL, offset=offset):
             rt.scheduler.dispatch(record.effect_id)
             dispatch_due += 1
     reconcile_due = 0
     for record in due_effects(
-        EffectStatus.OUTCOME_UNKNOWN, due_before=due_before, safety=_AUTOMATIC
+        EffectStatus.OUTCOME_UNKNOWN, grace=grace, safety=_AUTOMATIC, offset=offset
     ):
         rt.scheduler.reconcile(record.effect_id)
         reconcile_due += 1

@@ -17,6 +17,7 @@ from effect_broker.store.ledger import (
     transition,
 )
 from effect_broker.store.reads import (
+    DispatchRead,
     SealedArguments,
     database_now,
     get_effect,
@@ -30,6 +31,7 @@ from effect_broker.store.reads import (
 
 __all__ = [
     "AttemptOutcome",
+    "DispatchRead",
     "NewIntent",
     "QueuedJob",
     "ReceiptData",

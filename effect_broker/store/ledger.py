@@ -26,6 +26,7 @@ from effect_broker.domain.ids import new_row_id
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus, check_transition
 from effect_broker.store import sql
+from effect_broker.store.db_time import DbTime
 from effect_broker.store.rows import record_from_row
 
 
@@ -269,11 +270,21 @@ def touch(
 
 
 def _set_clause(changes: Mapping[str, Any]) -> tuple[str, list[Any]]:
+    """``SET`` items for ``changes``: bound values, or database-computed ``DbTime``s."""
     unknown = set(changes) - sql.MUTABLE_INTENT_COLUMNS
     if unknown:
         raise ValueError(f"not a mutable intent column: {sorted(unknown)}")
-    names = sorted(changes)
-    return "".join(f", {name} = %s" for name in names), [changes[n] for n in names]
+    clause: list[str] = []
+    params: list[Any] = []
+    for name in sorted(changes):
+        value = changes[name]
+        if isinstance(value, DbTime):
+            clause.append(f", {name} = {value.sql}")
+            params.extend(value.params)
+        else:
+            clause.append(f", {name} = %s")
+            params.append(value)
+    return "".join(clause), params
 
 
 def _head_digest(cur: Any, record: EffectRecord) -> bytes:

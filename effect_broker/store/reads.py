@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connection
 
@@ -26,15 +26,16 @@ class StoredEvent:
     digest: bytes
 
 
-def database_now() -> datetime:
-    """The database server's clock (``clock_timestamp()``).
+def database_now(offset: timedelta = timedelta(0)) -> datetime:
+    """The database server's clock (``clock_timestamp()``), plus ``offset`` (a test
+    clock's ``database_offset()``; zero in production).
 
     Leases, key retention and settlement deadlines are written and compared on this
     one clock, never on a worker's own: a host whose clock is off must not expire a
     live lease or make a "not found" conclusive early (issue: one host's clock).
     """
     with connection.cursor() as cur:
-        cur.execute("SELECT clock_timestamp()")
+        cur.execute(sql.SELECT_DATABASE_NOW, [offset])
         row = cur.fetchone()
     assert row is not None
     return row[0]
@@ -78,14 +79,29 @@ class SealedArguments:
     key_id: str
 
 
-def load_for_dispatch(effect_id: str) -> tuple[EffectRecord, SealedArguments]:
-    """A worker's single read before a dispatch: the row and its sealed arguments."""
+@dataclass(frozen=True, slots=True)
+class DispatchRead:
+    """What a dispatch job reads in one statement."""
+
+    record: EffectRecord
+    sealed: SealedArguments
+    #: The database's clock at the read (shifted by the offset asked for).
+    database_now: datetime
+
+
+def load_for_dispatch(
+    effect_id: str, *, offset: timedelta = timedelta(0)
+) -> DispatchRead:
+    """A worker's single read before a dispatch: the row, its sealed arguments and the
+    database's clock."""
     with connection.cursor() as cur:
-        cur.execute(sql.SELECT_INTENT_FOR_DISPATCH, [effect_id])
+        cur.execute(sql.SELECT_INTENT_FOR_DISPATCH, [offset, effect_id])
         row = cur.fetchone()
     if row is None:
         raise EffectNotFoundError(f"no effect {effect_id}")
-    return record_from_row(row[:-2]), SealedArguments(bytes(row[-2]), row[-1])
+    return DispatchRead(
+        record_from_row(row[:-3]), SealedArguments(bytes(row[-3]), row[-2]), row[-1]
+    )
 
 
 def load_arguments(effect_id: str) -> tuple[bytes, str, str, str]:
@@ -199,22 +215,30 @@ def verify_event_chain(effect_id: str) -> int:
 
 
 def expired_leases(
-    statuses: list[EffectStatus], *, now: datetime, limit: int = 100
+    statuses: list[EffectStatus],
+    *,
+    offset: timedelta = timedelta(0),
+    limit: int = 100,
 ) -> list[EffectRecord]:
-    """Effects whose dispatch or reconcile lease ran out (worker presumed dead)."""
+    """Effects whose dispatch or reconcile lease ran out by the database's clock
+    (worker presumed dead)."""
     with connection.cursor() as cur:
-        cur.execute(sql.SELECT_EXPIRED_LEASES, [[s.value for s in statuses], now, limit])
+        cur.execute(
+            sql.SELECT_EXPIRED_LEASES, [[s.value for s in statuses], offset, limit]
+        )
         return [record_from_row(r) for r in cur.fetchall()]
 
 
 def due_effects(
     status: EffectStatus,
     *,
-    due_before: datetime,
+    grace: timedelta,
     safety: list[str],
+    offset: timedelta = timedelta(0),
     limit: int = 100,
 ) -> list[EffectRecord]:
-    """Effects in ``status`` whose next action was due before ``due_before``."""
+    """Effects in ``status`` whose next action was due more than ``grace`` ago, by the
+    database's clock."""
     with connection.cursor() as cur:
-        cur.execute(sql.SELECT_DUE, [status.value, due_before, safety, limit])
+        cur.execute(sql.SELECT_DUE, [status.value, offset - grace, safety, limit])
         return [record_from_row(r) for r in cur.fetchall()]

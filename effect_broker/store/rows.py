@@ -50,6 +50,7 @@ def record_from_row(row: Sequence[Any]) -> EffectRecord:
         first_dispatch_at=r["first_dispatch_at"],
         retention_deadline=r["retention_deadline"],
         settlement_deadline=r["settlement_deadline"],
+        outcome_in_doubt=bool(r["outcome_in_doubt"]),
         receipt_id=_str_or_none(r["receipt_id"]),
         trace_id=r["trace_id"],
         requested_by=r["requested_by"],

@@ -26,6 +26,7 @@ INTENT_COLUMNS = (
     "first_dispatch_at",
     "retention_deadline",
     "settlement_deadline",
+    "outcome_in_doubt",
     "receipt_id",
     "trace_id",
     "requested_by",
@@ -43,6 +44,7 @@ MUTABLE_INTENT_COLUMNS = frozenset(
         "first_dispatch_at",
         "retention_deadline",
         "settlement_deadline",
+        "outcome_in_doubt",
         "receipt_id",
     }
 )
@@ -120,14 +122,18 @@ SELECT_INTENT_BY_ID = SELECT_INTENT + " WHERE id = %s"
 SELECT_INTENT_BY_ID_SCOPED = SELECT_INTENT + " WHERE id = %s AND tenant_id = %s"
 SELECT_VERSION = "SELECT version FROM effect_intents WHERE id = %s"
 
-# A dispatch job's one read: the row, its head digest and the sealed arguments.
+# A dispatch job's one read: the row, its head digest, the sealed arguments and the
+# database's clock (whether the effect is due is decided on that clock, not the host's).
 SELECT_INTENT_FOR_DISPATCH = (
     "SELECT "
     + ", ".join(INTENT_COLUMNS)
     + ", "
     + HEAD_DIGEST
-    + ", arguments_ciphertext, arguments_key_id FROM effect_intents WHERE id = %s"
+    + ", arguments_ciphertext, arguments_key_id, clock_timestamp() + %s::interval"
+    + " FROM effect_intents WHERE id = %s"
 )
+
+SELECT_DATABASE_NOW = "SELECT clock_timestamp() + %s::interval"
 
 SELECT_ARGUMENTS = """
 SELECT arguments_ciphertext, arguments_key_id, tenant_id, operation_key
@@ -204,14 +210,16 @@ INSERT INTO effect_stale_writes (
 ) VALUES (%s, %s, %s, %s, %s, %s)
 """
 
-# Sweeper reads. Both are served by partial/compound indexes on effect_intents.
+# Sweeper reads. Both are served by partial/compound indexes on effect_intents, and
+# both compare on the database's clock (shifted by %s: a test clock's offset, zero in
+# production): a sweeper on a host whose clock runs ahead expires no live lease.
 SELECT_EXPIRED_LEASES = (
     SELECT_INTENT
-    + " WHERE status = ANY(%s) AND lease_expires_at < %s"
+    + " WHERE status = ANY(%s) AND lease_expires_at < clock_timestamp() + %s::interval"
     + " ORDER BY lease_expires_at LIMIT %s"
 )
 SELECT_DUE = (
     SELECT_INTENT
-    + " WHERE status = %s AND next_action_at <= %s AND safety_class = ANY(%s)"
-    + " ORDER BY next_action_at LIMIT %s"
+    + " WHERE status = %s AND next_action_at <= clock_timestamp() + %s::interval"
+    + " AND safety_class = ANY(%s) ORDER BY next_action_at LIMIT %s"
 )

@@ -12,6 +12,7 @@ from typing import Any
 from effect_broker import store
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.models import Tenant
+from effect_broker.services import deadlines
 from effect_broker.services import dispatch as dispatch_service
 from effect_broker.services.runtime import get_runtime
 from effect_broker.services.submission import submit
@@ -86,9 +87,7 @@ class BrokerCases:
             loaded,
             worker="bench-claimer",
             now=rt.clock.now(),
-            changes=dispatch_service.attempt_changes(
-                rt, loaded, contract, worker="bench-claimer"
-            ),
+            changes=deadlines.claim_changes(rt, loaded, contract, worker="bench-claimer"),
         )
         return claimed
 

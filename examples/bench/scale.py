@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -256,7 +256,6 @@ def capture_plans(cases: BrokerCases, existing: EffectRecord) -> list[Plan]:
     """Plans of reservation (new key, replay), claim, list-unknown and the sweeper's
     scans, all run inside one transaction that is rolled back."""
     plans: list[Plan] = []
-    now = datetime.now(UTC)
     with transaction.atomic():
         with _explaining("reservation (new key)", plans):
             fresh = cases.prepare("plan", 0)
@@ -267,17 +266,17 @@ def capture_plans(cases: BrokerCases, existing: EffectRecord) -> list[Plan]:
         with _explaining("list-unknown (tenant, status=outcome_unknown)", plans):
             store.list_effects(cases.tenant_id, status=EffectStatus.OUTCOME_UNKNOWN)
         with _explaining("sweeper: expired leases", plans):
-            expired_leases([EffectStatus.DISPATCHING, EffectStatus.RECONCILING], now=now)
+            expired_leases([EffectStatus.DISPATCHING, EffectStatus.RECONCILING])
         with _explaining("sweeper: due prepared", plans):
             due_effects(
                 EffectStatus.PREPARED,
-                due_before=now,
+                grace=timedelta(0),
                 safety=[s.value for s in SafetyClass],
             )
         with _explaining("sweeper: due outcome_unknown", plans):
             due_effects(
                 EffectStatus.OUTCOME_UNKNOWN,
-                due_before=now,
+                grace=timedelta(0),
                 safety=[s.value for s in SafetyClass if s is not SafetyClass.UNSAFE],
             )
         transaction.set_rollback(True)

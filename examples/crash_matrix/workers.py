@@ -25,6 +25,8 @@ QUEUES = "dispatch,reconcile,maintenance"
 FAST_RECOVERY = {
     "EFFECT_BROKER_LEASE_SECONDS": "3",
     "EFFECT_BROKER_HEARTBEAT_SECONDS": "1",
+    # The send gate keeps this much of the lease in reserve (default 2 s of 30 s).
+    "EFFECT_BROKER_SEND_MARGIN_SECONDS": "0.5",
     "EFFECT_BROKER_SWEEP_SECONDS": "1",
     "EFFECT_BROKER_STALLED_JOB_SECONDS": "4",
     "EFFECT_BROKER_REDEFER_GRACE_SECONDS": "2",

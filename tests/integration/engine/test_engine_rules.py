@@ -16,12 +16,16 @@ from effect_broker.services.dispatch import dispatch
 from effect_broker.services.reconcile import reconcile
 from effect_broker.services.sweeper import sweep
 from effect_broker.store import load_effect_for_worker, verify_event_chain
-from tests.integration.engine.harness import WorkerKilled
+from effect_broker.store.reads import database_now
+from tests.integration.engine.harness import TIMING, WorkerKilled
 
 IDEMPOTENT = SafetyClass.IDEMPOTENT
 RECONCILABLE = SafetyClass.RECONCILABLE
 UNSAFE = SafetyClass.UNSAFE
 TRANSACTIONAL = SafetyClass.TRANSACTIONAL
+#: Seconds from a lost answer until "not found" is conclusive for the bench's
+#: reconcilable contract: the send margin plus its 2 s settlement bound.
+SETTLEMENT = TIMING.send_margin.total_seconds() + 2
 
 
 def status(record) -> EffectStatus:
@@ -69,11 +73,14 @@ def test_rule1_dispatching_and_the_attempt_commit_before_any_io(bench) -> None:
 def test_rule2_a_proved_rejection_is_retryable_with_backoff(bench) -> None:
     record = bench.submit(IDEMPOTENT)
     bench.targets[IDEMPOTENT].inject(Fault.REJECT)
+    backoff = bench.registry.for_tool("idempotent_charge").backoff(1)
+    # The retry time is written on the database's clock, in the write itself.
+    before = database_now(bench.clock.database_offset())
     after = dispatch(record.effect_id, worker="w1")
+    written_by = database_now(bench.clock.database_offset())
     assert after.status is EffectStatus.RETRYABLE
-    assert after.next_action_at == bench.clock.now() + bench.registry.for_tool(
-        "idempotent_charge"
-    ).backoff(1)
+    assert after.next_action_at is not None
+    assert before + backoff <= after.next_action_at <= written_by + backoff
     assert (
         "dispatch",
         record.effect_id,
@@ -164,7 +171,7 @@ def test_rule5_reconcilable_probe_before_the_bound_is_inconclusive(bench) -> Non
     early = reconcile(record.effect_id, worker="w2")
     assert early.status is EffectStatus.OUTCOME_UNKNOWN  # not yet due: no probe
     assert bench.targets[RECONCILABLE].lookups == 0
-    bench.advance(2)
+    bench.advance(SETTLEMENT)
     requeued = reconcile(record.effect_id, worker="w2")
     # Past the bound, NOT_COMMITTED is conclusive: only now may it be sent again.
     assert requeued.status is EffectStatus.PREPARED
@@ -177,7 +184,7 @@ def test_rule5_reconcilable_commit_found_by_probe_is_not_resent(bench) -> None:
     record = bench.submit(RECONCILABLE)
     bench.targets[RECONCILABLE].inject(Fault.LOSE_RESPONSE)
     dispatch(record.effect_id, worker="w1")
-    bench.advance(2)
+    bench.advance(SETTLEMENT)
     done = reconcile(record.effect_id, worker="w2")
     assert done.status is EffectStatus.SUCCEEDED
     assert bench.targets[RECONCILABLE].requests == 1
