@@ -11,6 +11,10 @@ A new effect's dispatch job needs neither: nothing can be queued for an id that 
 exist, so ``reservation_job`` hands the job to the reservation statement itself, which
 inserts it through procrastinate's versioned ``procrastinate_defer_jobs_v1`` (what
 ``defer()`` calls) - one round trip and one commit for intent, event and job.
+
+Jobs are configured by task NAME (``app.configure_task``), never by importing
+``effect_broker.tasks``: the services use this module, and the tasks use the services,
+so the use cases stay free of the delivery layer (STYLE "Wiring in one place").
 """
 
 from __future__ import annotations
@@ -19,16 +23,25 @@ from datetime import datetime
 
 from django.db import transaction
 from procrastinate import exceptions, jobs, manager
+from procrastinate.contrib.django import app
 from procrastinate.contrib.django.django_connector import DjangoConnector
-from procrastinate.tasks import Task
 
 from effect_broker.store.ledger import QueuedJob
 
 _manager = manager.JobManager(DjangoConnector())
 
+#: The engine's job names (``effect_broker.tasks`` registers them under these).
+DISPATCH_TASK = "effect_broker.dispatch_effect"
+RECONCILE_TASK = "effect_broker.reconcile_effect"
 
-def _configure(task: Task, *, effect_id: str, kind: str, at: datetime | None) -> jobs.Job:
-    return task.configure(
+
+def _configure(
+    task_name: str, *, effect_id: str, kind: str, at: datetime | None
+) -> jobs.Job:
+    # allow_unknown=False: a typo must fail here, not queue a job no worker runs.
+    return app.configure_task(
+        task_name,
+        allow_unknown=False,
         # One running job per effect across dispatch and reconcile (procrastinate lock),
         # and at most one queued job per effect and kind (queueing lock).
         lock=f"effect:{effect_id}",
@@ -37,8 +50,8 @@ def _configure(task: Task, *, effect_id: str, kind: str, at: datetime | None) ->
     ).job
 
 
-def _defer(task: Task, *, effect_id: str, kind: str, at: datetime | None) -> None:
-    job = _configure(task, effect_id=effect_id, kind=kind, at=at)
+def _defer(task_name: str, *, effect_id: str, kind: str, at: datetime | None) -> None:
+    job = _configure(task_name, effect_id=effect_id, kind=kind, at=at)
     try:
         with transaction.atomic():
             jobs.JobDeferrer(job_manager=_manager, job=job).defer(effect_id=effect_id)
@@ -52,15 +65,11 @@ class ProcrastinateScheduler:
 
     def dispatch(self, effect_id: str, *, at: datetime | None = None) -> None:
         """Defer ``dispatch_effect``."""
-        from effect_broker.tasks import dispatch_effect
-
-        _defer(dispatch_effect, effect_id=effect_id, kind="dispatch", at=at)
+        _defer(DISPATCH_TASK, effect_id=effect_id, kind="dispatch", at=at)
 
     def reservation_job(self, effect_id: str) -> QueuedJob:
         """``dispatch_effect(effect_id)`` as the row the reservation inserts."""
-        from effect_broker.tasks import dispatch_effect
-
-        job = _configure(dispatch_effect, effect_id=effect_id, kind="dispatch", at=None)
+        job = _configure(DISPATCH_TASK, effect_id=effect_id, kind="dispatch", at=None)
         return QueuedJob(
             queue_name=job.queue,
             task_name=job.task_name,
@@ -73,9 +82,7 @@ class ProcrastinateScheduler:
 
     def reconcile(self, effect_id: str, *, at: datetime | None = None) -> None:
         """Defer ``reconcile_effect``."""
-        from effect_broker.tasks import reconcile_effect
-
-        _defer(reconcile_effect, effect_id=effect_id, kind="reconcile", at=at)
+        _defer(RECONCILE_TASK, effect_id=effect_id, kind="reconcile", at=at)
 
 
 class RecordingScheduler:

@@ -16,6 +16,7 @@ from procrastinate import JobContext, exceptions, utils
 from procrastinate.contrib.django import app
 from procrastinate.jobs import Status
 
+from effect_broker.scheduling import DISPATCH_TASK, RECONCILE_TASK
 from effect_broker.services import dispatch, reconcile, sweeper
 
 logger = logging.getLogger(__name__)
@@ -28,13 +29,13 @@ def _actor(context: JobContext) -> str:
     return f"{context.worker_name or 'worker'}:{os.getpid()}:job{job_id}"
 
 
-@app.task(queue="dispatch", name="effect_broker.dispatch_effect", pass_context=True)
+@app.task(queue="dispatch", name=DISPATCH_TASK, pass_context=True)
 def dispatch_effect(context: JobContext, effect_id: str) -> None:
     """Dispatch one effect (no-op unless it is prepared or due for retry)."""
     dispatch.dispatch(effect_id, worker=_actor(context))
 
 
-@app.task(queue="reconcile", name="effect_broker.reconcile_effect", pass_context=True)
+@app.task(queue="reconcile", name=RECONCILE_TASK, pass_context=True)
 def reconcile_effect(context: JobContext, effect_id: str) -> None:
     """Reconcile one effect whose outcome is unknown (no-op for unsafe effects)."""
     reconcile.reconcile(effect_id, worker=_actor(context))

@@ -24,6 +24,7 @@ from effect_broker.domain.contracts import (
 from effect_broker.domain.errors import ConfigurationError
 from effect_broker.domain.keys import derive_tenant_hmac_key
 from effect_broker.domain.payload_crypto import Keyring
+from effect_broker.scheduling import ProcrastinateScheduler
 
 if TYPE_CHECKING:
     from effect_broker.adapters.base import EffectAdapter
@@ -94,7 +95,6 @@ def _build() -> Runtime:
     if master is None:
         raise ConfigurationError("no master key configured (EFFECT_BROKER_MASTER_KEY)")
     from effect_broker.adapters.registry import build_adapter
-    from effect_broker.scheduling import ProcrastinateScheduler
 
     timing = settings.EFFECT_BROKER_TIMING
     return Runtime(

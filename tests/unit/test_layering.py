@@ -1,0 +1,45 @@
+"""The use cases never import the delivery layer (STYLE "Layering", "Wiring in one
+place"): services, the store and the scheduler they use reach jobs by task name, so
+``services -> scheduling -> tasks -> services`` cannot come back as a hidden cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "effect_broker"
+USE_CASES = sorted(
+    [
+        *(PACKAGE / "services").glob("*.py"),
+        *(PACKAGE / "store").glob("*.py"),
+        PACKAGE / "scheduling.py",
+    ]
+)
+DELIVERY = ("effect_broker.tasks", "effect_broker.api", "effect_broker.admin")
+
+
+def _imports(path: Path) -> set[str]:
+    """Every absolute module ``path`` imports, at any nesting level (function-level
+    imports included: they hid the cycle before)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize(
+    "path", USE_CASES, ids=lambda p: p.relative_to(PACKAGE).as_posix()
+)
+def test_use_cases_do_not_import_the_delivery_layer(path: Path) -> None:
+    leaks = sorted(
+        name
+        for name in _imports(path)
+        if name.startswith(DELIVERY) or name.startswith("effect_broker.management")
+    )
+    assert leaks == [], f"{path.name} imports the delivery layer: {leaks}"
