@@ -119,7 +119,13 @@ def record_success(
         actor=actor,
         now=now,
         metadata={"receipt_id": receipt_id, "external_id": result.external_id or ""},
-        changes={**_CLEAR_LEASE, "receipt_id": receipt_id, "next_action_at": None},
+        # The outcome is known now: whatever was in doubt, this is the receipt.
+        changes={
+            **_CLEAR_LEASE,
+            "receipt_id": receipt_id,
+            "next_action_at": None,
+            "outcome_in_doubt": False,
+        },
         riders=riders,
     )
     if not transaction.get_connection().in_atomic_block:

@@ -231,6 +231,7 @@ def test_a_terminal_answer_to_a_resend_after_an_unknown_attempt_is_not_failed(
     assert "cannot prove that nothing was charged" in event.metadata["reason"]
     done = reconcile(record.effect_id, worker="w3")  # the same key again: deduplicated
     assert done.status is EffectStatus.SUCCEEDED
+    assert done.outcome_in_doubt is False  # the receipt settles the doubt
     assert bench.target_rows(record) == 1
 
 
