@@ -38,6 +38,14 @@ EVIDENCE_SHAPES: dict[str, dict[str, str]] = {
     "failed": {"source": "where the evidence comes from"},
 }
 
+#: What the evidence of each resolution proves (for messages).
+_PROOF_OF = {
+    "succeeded": "proof of success",
+    "not_committed": "proof of non-commit",
+    "fork": "proof of non-commit",
+    "failed": "evidence",
+}
+
 #: Resolutions whose evidence may be left out entirely.
 EVIDENCE_OPTIONAL: frozenset[str] = frozenset({"failed"})
 
@@ -50,7 +58,8 @@ def check_evidence(kind: str, evidence: Mapping[str, Any] | None) -> dict[str, A
         if kind in EVIDENCE_OPTIONAL:
             return {}
         raise InvalidRequestError(
-            f"evidence is required for {kind}: a JSON object with "
+            f"{_PROOF_OF[kind]} is required for {kind}: attach evidence as a JSON "
+            "object with "
             + ", ".join(f"'{member}' ({what})" for member, what in shape.items()),
             missing=",".join(shape),
         )

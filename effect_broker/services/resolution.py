@@ -51,6 +51,7 @@ from effect_broker.domain.canonical import canonical_json
 from effect_broker.domain.errors import (
     IllegalTransitionError,
     InvalidRequestError,
+    PayloadConflictError,
     UnknownContractError,
 )
 from effect_broker.domain.evidence import check_evidence
@@ -352,27 +353,23 @@ def fork(
     arguments = load_arguments(rt, record)
     now = rt.clock.now()
     with transaction.atomic():
-        reservation = submit(
-            tenant,
-            EffectRequest(
-                operation_key=new_key,
-                tool=record.tool,
-                arguments=arguments,
-                requested_by=actor,
-                trace_id=record.trace_id,
-            ),
-            runtime=rt,
-        )
+        try:
+            reservation = submit(
+                tenant,
+                EffectRequest(
+                    operation_key=new_key,
+                    tool=record.tool,
+                    arguments=arguments,
+                    requested_by=actor,
+                    trace_id=record.trace_id,
+                ),
+                runtime=rt,
+            )
+        except PayloadConflictError as exc:
+            raise _key_taken(record, new_key, str(exc.details["effect_id"])) from exc
         if not reservation.created:
             # Raising rolls back everything above: the old effect stays unresolved.
-            raise IllegalTransitionError(
-                f"operation key {new_key!r} is already effect "
-                f"{reservation.effect.effect_id}; a fork needs an unused key",
-                refusal="operation_key_taken",
-                effect_id=record.effect_id,
-                old=record.status.value,
-                new=EffectStatus.FAILED_FINAL.value,
-            )
+            raise _key_taken(record, new_key, reservation.effect.effect_id)
         new = reservation.effect
         review = _to_review(record, "fork", actor=actor, now=now)
         old = store.transition(
@@ -526,6 +523,16 @@ def _evidence(
     if len(canonical) > MAX_EVIDENCE_BYTES:
         raise InvalidRequestError(f"evidence exceeds {MAX_EVIDENCE_BYTES} bytes")
     return document, digest_hex(canonical)
+
+
+def _key_taken(record: EffectRecord, key: str, holder: str) -> IllegalTransitionError:
+    return IllegalTransitionError(
+        f"operation key {key!r} is already effect {holder}; a fork needs an unused key",
+        refusal="operation_key_taken",
+        effect_id=record.effect_id,
+        old=record.status.value,
+        new=EffectStatus.FAILED_FINAL.value,
+    )
 
 
 def _refuse_requeue(rt: Runtime, record: EffectRecord) -> None:
