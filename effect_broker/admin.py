@@ -40,7 +40,7 @@ from effect_broker.models import (
     StaleWrite,
     Tenant,
 )
-from effect_broker.services import operators, resolution
+from effect_broker.services import forking, operators, resolution
 from effect_broker.services.resolution import RESOLVABLE, Resolution
 
 _PAGE = "admin/effect_broker/operator_page.html"
@@ -326,7 +326,7 @@ class EffectIntentAdmin(ReadOnlyAdmin):
         if form.is_valid():
             data = form.cleaned_data
             try:
-                forked = resolution.fork(
+                forked = forking.fork(
                     intent.tenant,
                     str(intent.pk),
                     operator=request.user,

@@ -19,7 +19,7 @@ from ninja.security import HttpBearer
 from pydantic import ConfigDict
 
 from effect_broker.api.schemas import EffectOut, effect_out
-from effect_broker.services import inspection, operators, resolution
+from effect_broker.services import forking, inspection, operators, resolution
 from effect_broker.services.resolution import Resolution
 
 
@@ -97,7 +97,7 @@ def resolve_effect(
 def fork_effect(
     request: HttpRequest, effect_id: str, body: ForkIn
 ) -> Status[dict[str, Any]]:
-    forked = resolution.fork(
+    forked = forking.fork(
         inspection.tenant_of(effect_id),
         effect_id,
         operator=request.auth,  # type: ignore[attr-defined]

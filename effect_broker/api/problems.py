@@ -91,8 +91,8 @@ def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
 
 def install_handlers(api: NinjaAPI) -> None:
     """Register the one handler per error family on ``api``."""
-    api.add_exception_handler(EffectBrokerError, domain_error)
-    api.add_exception_handler(NinjaValidationError, _validation_error)
-    api.add_exception_handler(NinjaAuthenticationError, _auth_error)
-    api.add_exception_handler(HttpError, _http_error)
-    api.add_exception_handler(Exception, _unexpected)
+    api.exception_handler(EffectBrokerError)(domain_error)
+    api.exception_handler(NinjaValidationError)(_validation_error)
+    api.exception_handler(NinjaAuthenticationError)(_auth_error)
+    api.exception_handler(HttpError)(_http_error)
+    api.exception_handler(Exception)(_unexpected)

@@ -25,7 +25,7 @@ from effect_broker.domain.evidence import EVIDENCE_SHAPES, check_evidence
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import EffectFork, EffectIntent, EffectReceipt
-from effect_broker.services import inspection, resolution
+from effect_broker.services import forking, inspection, resolution
 from effect_broker.services.dispatch import dispatch
 from effect_broker.services.payloads import load_arguments
 from effect_broker.services.runtime import get_runtime
@@ -71,8 +71,8 @@ def not_committed(bench: Bench, record: EffectRecord, **kw: object) -> EffectRec
     )
 
 
-def fork(bench: Bench, record: EffectRecord, key: str, **kw: object) -> resolution.Fork:
-    return resolution.fork(
+def fork(bench: Bench, record: EffectRecord, key: str, **kw: object) -> forking.Fork:
+    return forking.fork(
         bench.tenant,
         record.effect_id,
         operator=kw.pop("operator", None) or make_operator("olga"),

@@ -29,7 +29,7 @@ from effect_broker.domain.payload_crypto import REDACTED
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import EffectReceipt
-from effect_broker.services import inspection, resolution
+from effect_broker.services import forking, inspection, resolution
 from effect_broker.services.dispatch import dispatch
 from effect_broker.services.reconcile import reconcile
 from effect_broker.store import load_effect_for_worker, load_events, verify_event_chain
@@ -422,7 +422,7 @@ def test_everything_is_tenant_scoped(bench, other_tenant) -> None:
         lambda: resolution.resolve_failed(
             other_tenant, record.effect_id, operator=make_operator("x"), reason="y"
         ),
-        lambda: resolution.fork(
+        lambda: forking.fork(
             other_tenant,
             record.effect_id,
             operator=make_operator("x"),

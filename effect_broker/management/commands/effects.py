@@ -22,7 +22,7 @@ from effect_broker.domain.canonical import canonical_json, parse_json_strict
 from effect_broker.domain.errors import InvalidRequestError
 from effect_broker.domain.evidence import EVIDENCE_SHAPES
 from effect_broker.domain.states import EffectStatus
-from effect_broker.services import inspection, operators, resolution
+from effect_broker.services import forking, inspection, operators, resolution
 from effect_broker.services.runtime import get_runtime
 
 _STATUSES = [s.value for s in EffectStatus]
@@ -296,7 +296,7 @@ class Command(BaseCommand):
     def _fork(self, options: dict[str, Any]) -> None:
         operator = operators.operator_by_username(options["acting_user"])
         effect_id = options["effect_id"]
-        forked = resolution.fork(
+        forked = forking.fork(
             inspection.tenant_of(effect_id),
             effect_id,
             operator=operator,
