@@ -304,3 +304,22 @@ def test_a_fork_whose_settlement_is_fenced_out_reserves_nothing(
     assert not EffectIntent.objects.filter(operation_key="order:fenced").exists()
     assert EffectFork.objects.count() == 0
     assert load_effect_for_worker(record.effect_id).version == versions
+
+
+def test_transactional_not_committed_keeps_requeueing(bench) -> None:
+    # Given a transactional effect left outcome_unknown (written by hand: the local
+    # adapter commits or rolls back with its attempt, so the engine never leaves one)
+    record = bench.submit(SafetyClass.TRANSACTIONAL)
+    now = bench.clock.now()
+    moving = store.transition(
+        record, S.DISPATCHING, event_type="dispatch_started", actor="w1", now=now
+    )
+    unknown = store.transition(
+        moving, S.OUTCOME_UNKNOWN, event_type="outcome_unknown", actor="w1", now=now
+    )
+    # When an operator attests non-commit, it is requeued as before (no class rule)
+    requeued = not_committed(bench, unknown)
+    assert requeued.status is S.PREPARED
+    assert bench.scheduler.requests[-1] == ("dispatch", record.effect_id, None)
+    assert dispatch(record.effect_id, worker="w2").status is S.SUCCEEDED
+    assert bench.target_rows(record) == 1
