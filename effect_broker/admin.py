@@ -1,9 +1,10 @@
 """Django admin: tenants are editable; ledger rows are read-only evidence.
 
 Operator resolution of unknown effects goes through ``services.resolution`` from admin
-actions and one small form; nothing here writes a ledger row directly. Who may resolve:
-users holding ``effect_broker.change_effectintent`` (the stock permission; the change
-form itself stays disabled, so the permission means "may act on effects").
+actions and two small forms (resolve, fork); nothing here writes a ledger row directly.
+Who may resolve or fork: an active staff user holding ``effect_broker.resolve_effect``
+(``services.operators``), and the operator recorded in the events is the logged-in
+user - the service re-checks it, so a forged action post changes nothing either.
 """
 
 from __future__ import annotations
@@ -17,23 +18,36 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template import engines
+from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from effect_broker.domain.canonical import parse_json_strict
-from effect_broker.domain.errors import EffectBrokerError, InvalidJsonError
+from effect_broker.domain.errors import (
+    EffectBrokerError,
+    InvalidJsonError,
+    OperatorForbiddenError,
+)
+from effect_broker.domain.evidence import EVIDENCE_SHAPES
 from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import (
     EffectAttempt,
     EffectEvent,
+    EffectFork,
     EffectIntent,
     EffectReceipt,
+    OperatorToken,
     StaleWrite,
     Tenant,
 )
-from effect_broker.services import resolution
+from effect_broker.services import forking, operators, resolution
 from effect_broker.services.resolution import RESOLVABLE, Resolution
+
+_PAGE = "admin/effect_broker/operator_page.html"
+
+
+def _shapes_help(*kinds: str) -> str:
+    return "; ".join(f"{kind}: {', '.join(EVIDENCE_SHAPES[kind])}" for kind in kinds)
 
 
 @admin.register(Tenant)
@@ -56,22 +70,6 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-# Inline templates: the admin keeps no template directory of its own for two pages.
-_PAGE = """{% extends "admin/base_site.html" %}
-{% block content %}<div id="content-main">
-<p>{{ intro }}</p>
-<ul>{% for e in effects %}<li><code>{{ e.operation_key }}</code> ({{ e.tenant.name }},
-{{ e.safety_class }}, <strong>{{ e.status }}</strong>)</li>{% endfor %}</ul>
-<form method="post">{% csrf_token %}
-{{ form.as_p }}
-{% for e in selected %}<input type="hidden" name="{{ checkbox_name }}" value="{{ e.pk }}">
-{% endfor %}{% if action %}<input type="hidden" name="action" value="{{ action }}">
-<input type="hidden" name="apply" value="yes">{% endif %}
-<input type="submit" value="{{ submit }}">
-</form></div>{% endblock %}
-"""
-
-
 class ReasonForm(forms.Form):
     """The reason every resolution records in its event."""
 
@@ -92,24 +90,46 @@ class ResolveForm(ReasonForm):
     evidence = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 6}),
         required=False,
-        help_text="A JSON object; required for success and non-commit. Stored "
-        "encrypted in the receipt (success) and by digest in the event.",
+        help_text="A JSON object with at least these members - "
+        + _shapes_help("succeeded", "not_committed", "failed")
+        + " (failed: optional). Stored encrypted in the receipt (success) and by "
+        "digest in the event.",
     )
     external_id = forms.CharField(required=False, max_length=500)
     field_order = ["resolution", "reason", "evidence", "external_id"]
 
     def clean_evidence(self) -> dict[str, Any]:
         """Parse the evidence with the broker's strict JSON rules."""
-        raw = self.cleaned_data.get("evidence", "").strip()
-        if not raw:
-            return {}
-        try:
-            value = parse_json_strict(raw)
-        except InvalidJsonError as exc:
-            raise forms.ValidationError(str(exc)) from exc
-        if not isinstance(value, dict):
-            raise forms.ValidationError("evidence must be a JSON object")
-        return value
+        return _json_object(self.cleaned_data.get("evidence", ""))
+
+
+class ForkForm(ReasonForm):
+    """Fork one effect into a new effect under a new operation key."""
+
+    new_operation_key = forms.CharField(max_length=1024)
+    evidence = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 6}),
+        help_text="Your attestation that the old effect never committed, as a JSON "
+        "object with at least: " + _shapes_help("fork"),
+    )
+    field_order = ["new_operation_key", "reason", "evidence"]
+
+    def clean_evidence(self) -> dict[str, Any]:
+        """Parse the evidence with the broker's strict JSON rules."""
+        return _json_object(self.cleaned_data.get("evidence", ""))
+
+
+def _json_object(raw: str) -> dict[str, Any]:
+    raw = raw.strip()
+    if not raw:
+        return {}
+    try:
+        value = parse_json_strict(raw)
+    except InvalidJsonError as exc:
+        raise forms.ValidationError(str(exc)) from exc
+    if not isinstance(value, dict):
+        raise forms.ValidationError("evidence must be a JSON object")
+    return value
 
 
 @admin.register(EffectIntent)
@@ -125,6 +145,7 @@ class EffectIntentAdmin(ReadOnlyAdmin):
         "updated_at",
         "resolve_link",
     )
+    readonly_fields = ("fork_links",)
     list_filter = ("status", "safety_class", "tool")
     list_select_related = ("tenant",)
     search_fields = ("operation_key",)
@@ -141,24 +162,50 @@ class EffectIntentAdmin(ReadOnlyAdmin):
 
     @admin.display(description="resolve")
     def resolve_link(self, obj: EffectIntent) -> str:
-        """A link to the resolution form for effects an operator may resolve."""
+        """Links to the resolution and fork forms for effects an operator may settle."""
         if obj.status not in RESOLVABLE:
             return ""
-        url = reverse("admin:effect_broker_effectintent_resolve", args=[obj.pk])
-        return format_html('<a href="{}">resolve…</a>', url)
+        resolve = reverse("admin:effect_broker_effectintent_resolve", args=[obj.pk])
+        fork = reverse("admin:effect_broker_effectintent_fork", args=[obj.pk])
+        return format_html(
+            '<a href="{}">resolve…</a> <a href="{}">fork…</a>', resolve, fork
+        )
+
+    @admin.display(description="fork links")
+    def fork_links(self, obj: EffectIntent) -> str:
+        """The effect this one was forked from, and its fork (spec: time travel)."""
+        link = EffectFork.objects.filter(new_effect_id=obj.pk).first()
+        fork = EffectFork.objects.filter(old_effect_id=obj.pk).first()
+        parts = []
+        if link is not None:
+            parts.append(f"forked from {link.old_effect_id} by {link.operator}")
+        if fork is not None:
+            parts.append(f"forked to {fork.new_effect_id} by {fork.operator}")
+        return "; ".join(parts) or "-"
 
     def has_resolve_permission(self, request: HttpRequest) -> bool:
-        """Resolution is a privileged act: the stock change permission grants it."""
-        return request.user.has_perm("effect_broker.change_effectintent")
+        """Resolution is an operator's act: active staff with ``resolve_effect``."""
+        try:
+            operators.operator_name(request.user)
+        except OperatorForbiddenError:
+            return False
+        return True
 
     def get_urls(self) -> list[URLPattern]:
-        """Add ``<id>/resolve/`` before the stock catch-all ``<id>/`` routes."""
-        resolve = path(
-            "<uuid:effect_id>/resolve/",
-            self.admin_site.admin_view(self.resolve_view),
-            name="effect_broker_effectintent_resolve",
-        )
-        return [resolve, *super().get_urls()]
+        """Add ``<id>/resolve/`` and ``<id>/fork/`` before the stock ``<id>/`` routes."""
+        extra = [
+            path(
+                "<uuid:effect_id>/resolve/",
+                self.admin_site.admin_view(self.resolve_view),
+                name="effect_broker_effectintent_resolve",
+            ),
+            path(
+                "<uuid:effect_id>/fork/",
+                self.admin_site.admin_view(self.fork_view),
+                name="effect_broker_effectintent_fork",
+            ),
+        ]
+        return [*extra, *super().get_urls()]
 
     @admin.action(description="Request reconciliation", permissions=["resolve"])
     def request_reconciliation(
@@ -211,7 +258,7 @@ class EffectIntentAdmin(ReadOnlyAdmin):
                 resolution.resolve_failed(
                     intent.tenant,
                     str(intent.pk),
-                    operator=request.user.get_username(),
+                    operator=request.user,
                     reason=form.cleaned_data["reason"],
                 )
             except EffectBrokerError as exc:
@@ -240,7 +287,7 @@ class EffectIntentAdmin(ReadOnlyAdmin):
                     intent.tenant,
                     str(intent.pk),
                     data["resolution"],
-                    operator=request.user.get_username(),
+                    operator=request.user,
                     reason=data["reason"],
                     evidence=data["evidence"],
                     external_id=data["external_id"] or None,
@@ -266,6 +313,54 @@ class EffectIntentAdmin(ReadOnlyAdmin):
             submit="Resolve",
         )
 
+    def fork_view(self, request: HttpRequest, effect_id: Any) -> HttpResponse:
+        """Fork one effect: settle it and reserve a new effect under a new key."""
+        if not self.has_resolve_permission(request):
+            raise PermissionDenied
+        intent = (
+            EffectIntent.objects.select_related("tenant").filter(pk=effect_id).first()
+        )
+        if intent is None:
+            raise Http404("no such effect")
+        form = ForkForm(request.POST if request.method == "POST" else None)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                forked = forking.fork(
+                    intent.tenant,
+                    str(intent.pk),
+                    operator=request.user,
+                    new_operation_key=data["new_operation_key"],
+                    reason=data["reason"],
+                    evidence=data["evidence"],
+                )
+            except EffectBrokerError as exc:
+                form.add_error(None, f"[{exc.code}] {exc}")
+            else:
+                self.message_user(
+                    request,
+                    f"{intent.operation_key}: forked to {forked.new.operation_key} "
+                    f"(effect {forked.new.effect_id}); the old effect is "
+                    f"{forked.old.status.value}",
+                )
+                return HttpResponseRedirect(
+                    reverse(
+                        "admin:effect_broker_effectintent_change",
+                        args=[forked.new.effect_id],
+                    )
+                )
+        return self._page(
+            request,
+            form,
+            title=f"Fork {intent.operation_key}",
+            intro="A fork is a NEW business operation under a new operation key: the "
+            "old effect is settled failed_final on your attestation that it never "
+            "committed, and the new one is dispatched. Only fork with evidence.",
+            effects=[intent],
+            action="",
+            submit="Fork",
+        )
+
     def _page(
         self,
         request: HttpRequest,
@@ -289,7 +384,7 @@ class EffectIntentAdmin(ReadOnlyAdmin):
             "action": action,
             "submit": submit,
         }
-        return HttpResponse(engines["django"].from_string(_PAGE).render(context, request))
+        return TemplateResponse(request, _PAGE, context)
 
 
 def _report_refusals(
@@ -332,3 +427,16 @@ class StaleWriteAdmin(ReadOnlyAdmin):
         "actual_version",
         "occurred_at",
     )
+
+
+@admin.register(EffectFork)
+class EffectForkAdmin(ReadOnlyAdmin):
+    list_display = ("old_effect", "new_effect", "operator", "created_at")
+
+
+@admin.register(OperatorToken)
+class OperatorTokenAdmin(ReadOnlyAdmin):
+    """Tokens are created (shown once) and revoked with ``effect-broker operators``."""
+
+    list_display = ("name", "user", "scope", "created_at", "revoked_at")
+    exclude = ("token_hash",)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, NoReturn
 
+from django.conf import settings
 from django.db import models
 
 from effect_broker.domain.errors import UnfencedWriteError
@@ -131,6 +132,12 @@ class EffectIntent(LedgerModel):
 
     class Meta:
         db_table = "effect_intents"
+        # Operator authority (issue 9, defect 5): resolving or forking an effect is
+        # its own privilege, not "may edit intents"; the admin, the CLI (--as) and the
+        # operator API (tokens owned by a staff user) all check this one permission.
+        permissions = [
+            ("resolve_effect", "Can resolve or fork effects as an operator"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["tenant", "operation_key"],
@@ -274,3 +281,54 @@ class StaleWrite(LedgerModel):
 
     def __str__(self) -> str:
         return f"stale write on {self.effect_id} by {self.actor}"
+
+
+class EffectFork(LedgerModel):
+    """An operator's fork: the settled old effect and the new one that continues its
+    business under a new operation key (spec "Replay and time-travel semantics").
+
+    One row links both ways (``old.fork`` / ``new.forked_from``); it is written by
+    ``effect_broker.store`` in the transaction that settles the old effect and reserves
+    the new one, and a trigger refuses to update or delete it.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    old_effect = models.OneToOneField(
+        EffectIntent, on_delete=models.PROTECT, related_name="fork"
+    )
+    new_effect = models.OneToOneField(
+        EffectIntent, on_delete=models.PROTECT, related_name="forked_from"
+    )
+    operator = models.TextField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "effect_forks"
+
+    def __str__(self) -> str:
+        return f"fork {self.old_effect_id} -> {self.new_effect_id}"
+
+
+class OperatorToken(models.Model):
+    """A bearer token for the operator API, owned by one staff user.
+
+    Only the SHA-256 of the token is stored; the token is shown once. The operator's
+    identity is the owning user, and the user's permission is re-checked on every call,
+    so taking ``resolve_effect`` away (or deactivating the user) disarms the token too.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="operator_tokens"
+    )
+    token_hash = models.CharField(max_length=64, unique=True)
+    scope = models.CharField(max_length=64, default="operator")
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "operator_tokens"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.user_id})"

@@ -216,6 +216,17 @@ class AuthenticationError(EffectBrokerError):
     http_status = 401
 
 
+class OperatorForbiddenError(EffectBrokerError):
+    """This credential may not act as an operator.
+
+    Resolution and forks need an active staff user holding
+    ``effect_broker.resolve_effect``; a tenant's API key never is one.
+    """
+
+    code = "operator_forbidden"
+    http_status = 403
+
+
 # --- deployment -----------------------------------------------------------------------
 
 

@@ -29,7 +29,7 @@ from effect_broker.domain.errors import (
 from effect_broker.domain.payload_crypto import decrypt
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus, SafetyClass
-from effect_broker.models import EffectIntent, EffectReceipt, Tenant
+from effect_broker.models import EffectFork, EffectIntent, EffectReceipt, Tenant
 from effect_broker.services.payloads import result_aad
 from effect_broker.services.runtime import Runtime, get_runtime
 from effect_broker.store.reads import MAX_PAGE, StoredEvent
@@ -67,6 +67,14 @@ class StoredReceipt:
     contract_version: str
     downstream_key_digest: str
     created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ForkLinks:
+    """The fork links of one effect: the effect it was forked from, and its fork."""
+
+    forked_from: str | None
+    forked_to: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +203,51 @@ def list_for_operators(
 def get_effect(tenant: Tenant, effect_id: str) -> EffectRecord:
     """Return one effect of ``tenant`` (a malformed id is simply not found)."""
     return store.get_effect(str(tenant.id), _effect_uuid(effect_id))
+
+
+def list_effects(
+    tenant: Tenant,
+    *,
+    status: EffectStatus | None = None,
+    tool: str | None = None,
+    operation_prefix: str | None = None,
+    limit: int = 50,
+) -> list[EffectRecord]:
+    """List ``tenant``'s effects, newest first, with optional filters."""
+    return store.list_effects(
+        str(tenant.id),
+        status=status,
+        tool=tool,
+        operation_prefix=operation_prefix,
+        limit=limit,
+    )
+
+
+def fork_links(record: EffectRecord) -> ForkLinks:
+    """Which effect ``record`` was forked from, and which effect is its fork (if any);
+    ``record`` was read tenant-scoped, and a fork never leaves its tenant."""
+    effect = uuid.UUID(record.effect_id)
+    origin = EffectFork.objects.filter(new_effect_id=effect).values_list(
+        "old_effect_id", flat=True
+    )
+    fork = EffectFork.objects.filter(old_effect_id=effect).values_list(
+        "new_effect_id", flat=True
+    )
+    forked_from, forked_to = origin.first(), fork.first()
+    return ForkLinks(
+        forked_from=str(forked_from) if forked_from else None,
+        forked_to=str(forked_to) if forked_to else None,
+    )
+
+
+def count_events(effect_id: str) -> int:
+    """How many transition events ``effect_id`` has (demo output)."""
+    return len(store.load_events(str(effect_id)))
+
+
+def verify_chain(effect_id: str) -> int:
+    """Verify ``effect_id``'s event digest chain; return its length."""
+    return store.verify_event_chain(str(effect_id))
 
 
 def tenant_of(effect_id: str) -> Tenant:

@@ -6,6 +6,14 @@ permits it, or mark final failure - and there is no "retry anyway" shortcut for 
 effects. The read-only side (effect lookup, history, receipts, the operator listing)
 is ``services.inspection``.
 
+Who may resolve (issue 9, defect 5): only an operator - an active staff user holding
+``effect_broker.resolve_effect`` (``services.operators``). Every entry point takes that
+user and re-checks it; the name in the events is the user's, never a request field.
+Evidence has a minimal shape per resolution (``domain.evidence``).
+
+When ``not_committed`` may requeue depends on the safety class (an unsafe effect
+never; ``services.operator_steps`` has the rules). Forks are ``services.forking``.
+
 Each resolution is ONE transaction of fenced writes: both events when it passes through
 MANUAL_REVIEW (the table has no direct edge out of OUTCOME_UNKNOWN), the receipt, the
 dispatch job - all or nothing. A concurrent writer makes it raise ``StaleWriteError``
@@ -20,14 +28,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 from django.db import transaction
 
 from effect_broker import store
-from effect_broker.domain.canonical import canonical_json
 from effect_broker.domain.errors import (
     IllegalTransitionError,
     InvalidRequestError,
@@ -36,25 +42,38 @@ from effect_broker.domain.errors import (
 from effect_broker.domain.ids import new_row_id
 from effect_broker.domain.keys import digest_hex
 from effect_broker.domain.records import EffectRecord
-from effect_broker.domain.states import EffectStatus, SafetyClass, is_terminal
+from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import Tenant
 from effect_broker.services import inspection
+from effect_broker.services.operator_steps import (
+    RESOLVABLE,
+    SETTLED,
+    checked_evidence,
+    log_resolution,
+    reason_text,
+    refuse_requeue,
+    resolvable_effect,
+    text_field,
+    to_review,
+)
+from effect_broker.services.operators import operator_name
 from effect_broker.services.payloads import seal_result
 from effect_broker.services.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
 
-RESOLVABLE: frozenset[EffectStatus] = frozenset(
-    {EffectStatus.OUTCOME_UNKNOWN, EffectStatus.MANUAL_REVIEW}
-)
-"""Statuses an operator may resolve; everything else is refused."""
+__all__ = [
+    "RESOLVABLE",
+    "ReconcileRequest",
+    "Resolution",
+    "request_reconciliation",
+    "resolve",
+    "resolve_failed",
+    "resolve_not_committed",
+    "resolve_succeeded",
+]
 
-MAX_OPERATOR_CHARS = 200
-MAX_REASON_CHARS = 2000
 MAX_EXTERNAL_ID_CHARS = 500
-MAX_EVIDENCE_BYTES = 64 * 1024
-
-_SETTLED = {"lease_owner": None, "lease_expires_at": None, "next_action_at": None}
 
 
 class Resolution(StrEnum):
@@ -81,7 +100,7 @@ def resolve(
     effect_id: str,
     resolution: Resolution | str,
     *,
-    operator: str,
+    operator: Any,
     reason: str,
     evidence: Mapping[str, object] | None = None,
     external_id: str | None = None,
@@ -110,7 +129,7 @@ def resolve(
             effect_id,
             operator=operator,
             reason=reason,
-            evidence=evidence or {},
+            evidence=evidence,
             runtime=runtime,
         )
     return resolve_succeeded(
@@ -118,7 +137,7 @@ def resolve(
         effect_id,
         operator=operator,
         reason=reason,
-        evidence=evidence or {},
+        evidence=evidence,
         external_id=external_id,
         runtime=runtime,
     )
@@ -128,27 +147,28 @@ def resolve_succeeded(
     tenant: Tenant,
     effect_id: str,
     *,
-    operator: str,
+    operator: Any,
     reason: str,
-    evidence: Mapping[str, object],
+    evidence: Mapping[str, object] | None,
     external_id: str | None = None,
     runtime: Runtime | None = None,
 ) -> EffectRecord:
     """Proof of success: SUCCEEDED with a receipt whose encrypted result is the evidence.
 
-    The evidence must be a non-empty JSON object: a success without proof would turn an
-    effect that never happened into a receipt (an omission nobody would look for again).
+    The evidence must name its ``source`` and ``reference`` (``domain.evidence``): a
+    success without proof would turn an effect that never happened into a receipt (an
+    omission nobody would look for again).
     """
     rt = runtime or get_runtime()
-    actor, why = _operator(operator), _reason(reason)
-    proof, evidence_digest = _evidence(evidence, what="proof of success")
+    actor, why = operator_name(operator), reason_text(reason)
+    proof, evidence_digest = checked_evidence(evidence, kind="succeeded")
     external = _external_id(external_id)
-    record = _resolvable(tenant, effect_id, EffectStatus.SUCCEEDED)
+    record = resolvable_effect(tenant, effect_id, EffectStatus.SUCCEEDED)
     key_id, blob, preview = seal_result(rt, record, proof, _preview_fields(rt, record))
     receipt_id = new_row_id()
     now = rt.clock.now()
     with transaction.atomic():
-        review = _to_review(record, Resolution.SUCCEEDED, actor=actor, now=now)
+        review = to_review(record, Resolution.SUCCEEDED, actor=actor, now=now)
         done = store.transition(
             review,
             EffectStatus.SUCCEEDED,
@@ -161,7 +181,7 @@ def resolve_succeeded(
                 "receipt_id": receipt_id,
                 "external_id": external or "",
             },
-            changes={**_SETTLED, "receipt_id": receipt_id},
+            changes={**SETTLED, "receipt_id": receipt_id},
             riders=(
                 store.receipt(
                     review,
@@ -179,7 +199,7 @@ def resolve_succeeded(
                 ),
             ),
         )
-    _log("resolve_succeeded", record, done, actor, evidence_digest)
+    log_resolution("resolve_succeeded", record, done, actor, evidence_digest)
     return done
 
 
@@ -187,32 +207,28 @@ def resolve_not_committed(
     tenant: Tenant,
     effect_id: str,
     *,
-    operator: str,
+    operator: Any,
     reason: str,
-    evidence: Mapping[str, object],
+    evidence: Mapping[str, object] | None,
     runtime: Runtime | None = None,
 ) -> EffectRecord:
-    """Proof of non-commit: back to PREPARED and a dispatch job, if the contract permits.
+    """Proof of non-commit: back to PREPARED and a dispatch job, where the contract and
+    the effect's safety class permit a resend under the same key.
 
-    Which evidence is enough is the operator's judgement; the broker insists that there
-    is some (a non-empty JSON object and a reason), keeps its digest in the event and
-    refuses a resend the contract's retry limit does not allow.
-
-    Unsafe effects are included on purpose. The spec forbids a "retry anyway" shortcut:
-    resending because nobody knows what happened. This is the opposite - the operator
-    attests, with evidence, that the target never applied the request, so the one resend
-    cannot be a duplicate, and the attestation is on record under the operator's name.
-    What makes it "retry anyway" is missing proof, so evidence is required here for
-    every safety class: after ambiguity a reconcilable or expired-idempotent resend is
-    no more deduplicated than an unsafe one. "Where the contract permits it" is the
-    retry limit: the dispatcher itself refuses a resend past it, so the requeue is
-    refused up front with advice to mark the effect failed (an unsafe contract with
-    ``retry_limit = 0`` therefore never resends, whatever the operator attests).
+    The operator attests, with evidence naming its ``source`` and ``checked_at``, that
+    the target never applied the request. Whether that attestation may requeue depends
+    on the safety class (module docstring; refusals are ``IllegalTransitionError`` with
+    a stable ``refusal`` and write nothing): an unsafe effect never resends under its
+    key (spec rule 6: no "retry anyway"; fork it), a reconcilable one not before its
+    settlement deadline, an idempotent one not once its key retention has lapsed.
+    "Where the contract permits it" is also the retry limit: the dispatcher refuses a
+    resend past it, so the requeue is refused up front with advice to mark it failed.
     """
     rt = runtime or get_runtime()
-    actor, why = _operator(operator), _reason(reason)
-    _, evidence_digest = _evidence(evidence, what="proof of non-commit")
-    record = _resolvable(tenant, effect_id, EffectStatus.PREPARED)
+    actor, why = operator_name(operator), reason_text(reason)
+    _, evidence_digest = checked_evidence(evidence, kind="not_committed")
+    record = resolvable_effect(tenant, effect_id, EffectStatus.PREPARED)
+    refuse_requeue(rt, record)  # per safety class, on the database clock
     contract = rt.registry.get(record.contract_name, record.contract_version)
     if record.attempt_count > contract.retry_limit:
         raise IllegalTransitionError(
@@ -229,7 +245,7 @@ def resolve_not_committed(
         )
     now = rt.clock.now()
     with transaction.atomic():
-        review = _to_review(record, Resolution.NOT_COMMITTED, actor=actor, now=now)
+        review = to_review(record, Resolution.NOT_COMMITTED, actor=actor, now=now)
         requeued = store.transition(
             review,
             EffectStatus.PREPARED,
@@ -237,11 +253,11 @@ def resolve_not_committed(
             actor=actor,
             now=now,
             metadata={"reason": why, "evidence_digest": evidence_digest},
-            changes={**_SETTLED, "next_action_at": now},
+            changes={**SETTLED, "next_action_at": now},
         )
         # Deferred in the same transaction (STYLE rule 5): requeued iff committed.
         rt.scheduler.dispatch(record.effect_id)
-    _log("resolve_not_committed", record, requeued, actor, evidence_digest)
+    log_resolution("resolve_not_committed", record, requeued, actor, evidence_digest)
     return requeued
 
 
@@ -249,25 +265,25 @@ def resolve_failed(
     tenant: Tenant,
     effect_id: str,
     *,
-    operator: str,
+    operator: Any,
     reason: str,
     evidence: Mapping[str, object] | None = None,
     runtime: Runtime | None = None,
 ) -> EffectRecord:
     """Mark final failure: FAILED_FINAL, no receipt, never dispatched again.
 
-    Evidence is optional here (giving up needs no proof); when given, its digest is
-    recorded like the others'.
+    Evidence is optional here (giving up needs no proof); when given, it must name its
+    ``source`` and its digest is recorded like the others'.
     """
     rt = runtime or get_runtime()
-    actor, why = _operator(operator), _reason(reason)
+    actor, why = operator_name(operator), reason_text(reason)
     metadata: dict[str, object] = {"reason": why}
     if evidence:
-        metadata["evidence_digest"] = _evidence(evidence, what="evidence")[1]
-    record = _resolvable(tenant, effect_id, EffectStatus.FAILED_FINAL)
+        metadata["evidence_digest"] = checked_evidence(evidence, kind="failed")[1]
+    record = resolvable_effect(tenant, effect_id, EffectStatus.FAILED_FINAL)
     now = rt.clock.now()
     with transaction.atomic():
-        review = _to_review(record, Resolution.FAILED, actor=actor, now=now)
+        review = to_review(record, Resolution.FAILED, actor=actor, now=now)
         failed = store.transition(
             review,
             EffectStatus.FAILED_FINAL,
@@ -275,9 +291,9 @@ def resolve_failed(
             actor=actor,
             now=now,
             metadata=metadata,
-            changes=_SETTLED,
+            changes=SETTLED,
         )
-    _log(
+    log_resolution(
         "resolve_failed", record, failed, actor, str(metadata.get("evidence_digest", ""))
     )
     return failed
@@ -326,47 +342,6 @@ def request_reconciliation(
 # --- internals --------------------------------------------------------------------
 
 
-def _resolvable(tenant: Tenant, effect_id: str, target: EffectStatus) -> EffectRecord:
-    record = inspection.get_effect(tenant, effect_id)
-    if record.status in RESOLVABLE:
-        return record
-    details = {
-        "effect_id": record.effect_id,
-        "old": record.status.value,
-        "new": target.value,
-    }
-    if is_terminal(record.status):
-        raise IllegalTransitionError(
-            f"effect {record.effect_id} is already settled as {record.status.value}; a "
-            "settled effect is never resolved again (spec rule 7)",
-            refusal="already_settled",
-            **details,
-        )
-    raise IllegalTransitionError(
-        f"effect {record.effect_id} is {record.status.value}; operator resolution "
-        "applies only to outcome_unknown or manual_review effects",
-        refusal="not_resolvable",
-        **details,
-    )
-
-
-def _to_review(
-    record: EffectRecord, resolution: Resolution, *, actor: str, now: datetime
-) -> EffectRecord:
-    """OUTCOME_UNKNOWN has no edge to a settled state: an operator passes via review."""
-    if record.status is EffectStatus.MANUAL_REVIEW:
-        return record
-    return store.transition(
-        record,
-        EffectStatus.MANUAL_REVIEW,
-        event_type="operator_review_started",
-        actor=actor,
-        now=now,
-        metadata={"resolution": resolution.value},
-        changes=_SETTLED,
-    )
-
-
 def _preview_fields(rt: Runtime, record: EffectRecord) -> tuple[str, ...]:
     # An operator must still be able to settle an effect whose contract version was
     # since removed from the file: fall back to the fields every receipt may show.
@@ -377,61 +352,7 @@ def _preview_fields(rt: Runtime, record: EffectRecord) -> tuple[str, ...]:
     return (*fields.preview_fields, "id", "status")
 
 
-def _text(value: object, *, name: str, limit: int) -> str:
-    text = value.strip() if isinstance(value, str) else ""
-    if not text:
-        raise InvalidRequestError(f"{name} is required")
-    if len(text) > limit:
-        raise InvalidRequestError(f"{name} must be at most {limit} characters")
-    return text
-
-
-def _operator(value: str) -> str:
-    return _text(value, name="operator (who resolves this)", limit=MAX_OPERATOR_CHARS)
-
-
-def _reason(value: str) -> str:
-    return _text(value, name="reason", limit=MAX_REASON_CHARS)
-
-
 def _external_id(value: str | None) -> str | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    return _text(value, name="external_id", limit=MAX_EXTERNAL_ID_CHARS)
-
-
-def _evidence(evidence: Mapping[str, object], *, what: str) -> tuple[dict[str, Any], str]:
-    """Validate the evidence document; return it and its digest (never logged raw)."""
-    if not isinstance(evidence, Mapping):
-        raise InvalidRequestError("evidence must be a JSON object")
-    document = dict(evidence)
-    if not document:
-        raise InvalidRequestError(
-            f"{what} is required: attach evidence as a non-empty JSON object (e.g. the "
-            "target's record of the request, or the ticket that confirms it)"
-        )
-    canonical = canonical_json(document)  # refuses NaN, big numbers, non-JSON values
-    if len(canonical) > MAX_EVIDENCE_BYTES:
-        raise InvalidRequestError(f"evidence exceeds {MAX_EVIDENCE_BYTES} bytes")
-    return document, digest_hex(canonical)
-
-
-def _log(
-    action: str,
-    before: EffectRecord,
-    after: EffectRecord,
-    operator: str,
-    evidence_digest: str = "",
-) -> None:
-    # Structured, and only the digest of the evidence (STYLE rule 8).
-    logger.info(
-        "operator resolution",
-        extra={
-            "action": action,
-            "effect_id": after.effect_id,
-            "operator": operator,
-            "old_status": before.status.value,
-            "new_status": after.status.value,
-            "evidence_digest": evidence_digest,
-        },
-    )
+    return text_field(value, name="external_id", limit=MAX_EXTERNAL_ID_CHARS)

@@ -439,6 +439,13 @@ def receipt(
     )
 
 
+def fork_link(
+    record: EffectRecord, *, new_effect_id: str, operator: str, now: datetime
+) -> Rider:
+    """The link from a settled effect to its fork, with the settling transition."""
+    return Rider(sql.RIDER_FORK_LINK, (record.effect_id, new_effect_id, operator, now))
+
+
 def record_stale_write(error: StaleWriteError, *, actor: str, now: datetime) -> None:
     """Persist a fence refusal; call outside the refused (rolled back) transaction."""
     details = error.details

@@ -204,6 +204,12 @@ RIDER_RECEIPT = """
     SELECT %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s FROM cas
 """
 
+# The fork link commits with the old effect's settlement (``resolved_forked``).
+RIDER_FORK_LINK = """
+    INSERT INTO effect_forks (old_effect_id, new_effect_id, operator, created_at)
+    SELECT %s, %s, %s, %s FROM cas
+"""
+
 INSERT_STALE_WRITE = """
 INSERT INTO effect_stale_writes (
     effect_id, actor, expected_version, actual_version, attempted, occurred_at

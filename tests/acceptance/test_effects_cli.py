@@ -2,7 +2,9 @@
 
 The effects are put into outcome_unknown by a setup script run through the same console
 script (``shell -c``), with the example contracts and their simulated targets: the
-unsafe contract there has ``retry_limit = 0``, so it can never be requeued.
+unsafe contract there has ``retry_limit = 0``, so it can never be requeued. The setup
+also creates the staff user ``olga`` holding ``effect_broker.resolve_effect`` (an
+operator) and the staff user ``clerk`` without it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ from effect_broker.services.tenants import create_tenant
 registry = get_runtime().registry
 ops, other = create_tenant("cli-ops")[0], create_tenant("cli-other")[0]
 
+from django.contrib.auth.models import Permission, User
+olga = User.objects.create_user("olga", is_staff=True)
+olga.user_permissions.add(Permission.objects.get(codename="resolve_effect"))
+User.objects.create_user("clerk", is_staff=True)
+
 def unknown(tenant, tool, key, fault):
     args = {"order": key, "amount_minor": 100, "currency": "EUR"}
     effect = submit(tenant, EffectRequest(key, tool, args)).effect
@@ -46,6 +53,9 @@ print(json.dumps({
     ),
     "idem": unknown(ops, "charge_card", "order:3:charge", Fault.LOSE_RESPONSE),
     "other": unknown(other, "charge_card_unsafe", "order:4:charge", Fault.LOSE_RESPONSE),
+    "fork": unknown(
+        ops, "charge_card_unsafe", "order:5:charge", Fault.TIMEOUT_BEFORE_COMMIT
+    ),
 }))
 """
 
@@ -56,7 +66,7 @@ def scratch(
     django_db_blocker: Any,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[dict[str, str], dict[str, str]]]:
-    """A migrated scratch database with four unknown effects; dropped afterwards."""
+    """A migrated scratch database with five unknown effects; dropped afterwards."""
     env = scratch_db_env()
     # The example contracts, except that the unsafe charge allows no retry at all:
     # the retry-limit refusal below depends on it, so the test states it itself.
@@ -169,11 +179,11 @@ def test_resolve_needs_proof_respects_the_contract_and_settles_once(scratch) -> 
     # Non-commit without evidence: refused.
     one_line_error(
         effects(
-            env, "resolve", never, "--not-committed", "--reason", "r", "--operator", "o"
+            env, "resolve", never, "--not-committed", "--reason", "r", "--as", "olga"
         ),
         "invalid_request",
     )
-    # With evidence, the unsafe contract (retry_limit = 0) still permits no resend.
+    # With evidence, an unsafe effect is still never resent under its key.
     no_resend = one_line_error(
         effects(
             env,
@@ -183,15 +193,16 @@ def test_resolve_needs_proof_respects_the_contract_and_settles_once(scratch) -> 
             "--reason",
             "not in the export",
             "--evidence",
-            '{"export_rows": 0}',
-            "--operator",
+            '{"source": "export", "checked_at": "2026-12-03T21:00:00Z"}',
+            "--as",
             "olga",
         ),
         "illegal_transition",
     )
-    assert "resolve it as failed" in no_resend
+    assert "never resent under the same operation key" in no_resend
+    assert "fork it" in no_resend
     failed = effects(
-        env, "resolve", never, "--failed", "--reason", "gave up", "--operator", "olga"
+        env, "resolve", never, "--failed", "--reason", "gave up", "--as", "olga"
     )
     assert failed.returncode == 0, failed.stderr
     assert failed.stdout.strip() == (f"resolved {never}: outcome_unknown -> failed_final")
@@ -205,10 +216,10 @@ def test_resolve_needs_proof_respects_the_contract_and_settles_once(scratch) -> 
         "--reason",
         "charge in the dashboard",
         "--evidence",
-        '{"charge_id": "ch_1"}',
+        '{"source": "dashboard", "reference": "ch_1", "charge_id": "ch_1"}',
         "--external-id",
         "ch_1",
-        "--operator",
+        "--as",
         "olga",
     )
     assert done.returncode == 0, done.stderr
@@ -221,9 +232,7 @@ def test_resolve_needs_proof_respects_the_contract_and_settles_once(scratch) -> 
     assert "ch_1" in history  # the external id; the evidence only by digest
     assert '"charge_id"' not in history
     again = one_line_error(
-        effects(
-            env, "resolve", lost, "--failed", "--reason", "oops", "--operator", "olga"
-        ),
+        effects(env, "resolve", lost, "--failed", "--reason", "oops", "--as", "olga"),
         "illegal_transition",
     )
     assert "already settled as succeeded" in again
@@ -233,7 +242,82 @@ def test_help_explains_the_three_choices(scratch) -> None:
     env, _ = scratch
     result = effects(env, "resolve", "--help")
     assert result.returncode == 0
-    for flag in ("--succeeded", "--not-committed", "--failed", "--operator"):
+    for flag in ("--succeeded", "--not-committed", "--failed", "--as"):
         assert flag in result.stdout
     assert "retry anyway" in result.stdout
     assert "privileged" in effects(env, "--help").stdout
+
+    assert "--operator" not in result.stdout
+
+
+@pytest.mark.parametrize("who", ["clerk", "nobody"])
+def test_resolve_and_fork_act_only_as_a_staff_user_with_the_permission(
+    scratch, who
+) -> None:
+    env, ids = scratch
+    target = ids["idem"]
+    before = effects(env, "inspect", target).stdout
+    refused = one_line_error(
+        effects(env, "resolve", target, "--failed", "--reason", "x", "--as", who),
+        "operator_forbidden",
+    )
+    assert who in refused
+    one_line_error(
+        effects(
+            env,
+            "fork",
+            target,
+            "--new-operation-key",
+            "order:3:charge:v2",
+            "--reason",
+            "x",
+            "--evidence",
+            '{"source": "export", "checked_at": "2026-12-03T21:00:00Z"}',
+            "--as",
+            who,
+        ),
+        "operator_forbidden",
+    )
+    assert effects(env, "inspect", target).stdout == before
+
+
+def test_operator_tokens_are_created_for_operators_only(scratch) -> None:
+    env, _ = scratch
+    made = run("operators", "create-token", "--user", "olga", env=env)
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip().splitlines()[-1].split(": ", 1)[1]
+    assert token.startswith("ebop_")
+    listed = run("operators", "list-tokens", env=env)
+    assert "olga" in listed.stdout
+    assert token not in listed.stdout
+    one_line_error(
+        run("operators", "create-token", "--user", "clerk", env=env),
+        "operator_forbidden",
+    )
+
+
+def test_fork_settles_the_old_effect_and_reserves_a_new_one(scratch) -> None:
+    env, ids = scratch
+    old = ids["fork"]
+    evidence = '{"source": "stripe export", "checked_at": "2026-12-03T21:00:00Z"}'
+    args = ["fork", old, "--reason", "no charge", "--evidence", evidence, "--as", "olga"]
+    same = one_line_error(
+        effects(env, *args, "--new-operation-key", "order:5:charge"), "invalid_request"
+    )
+    assert "NEW operation key" in same
+    done = effects(env, *args, "--new-operation-key", "order:5:charge:v2")
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip()
+    assert line.startswith(f"forked {old} (failed_final) -> ")
+    assert line.endswith("order:5:charge:v2 (prepared, queued for dispatch)")
+    new = line.split(" -> ")[1].split()[0]
+    history = effects(env, "inspect", old).stdout
+    assert f"forked     to {new}" in history
+    assert "resolved_forked" in history
+    assert "olga" in history
+    assert f"forked     from {old}" in effects(env, "inspect", new).stdout
+    again = one_line_error(
+        effects(env, *args, "--new-operation-key", "order:5:charge:v3"),
+        "illegal_transition",
+    )
+    assert "already settled" in again

@@ -12,17 +12,27 @@ import pytest
 from effect_broker.domain.errors import InvalidRequestError, TenantNotFoundError
 from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.services import inspection, resolution
+from tests.integration.conftest import make_operator
 
 S = EffectStatus
 IDEMPOTENT = SafetyClass.IDEMPOTENT
 UNSAFE = SafetyClass.UNSAFE
-PROOF = {"charge_id": "ch_777", "seen_in": "dashboard", "note": "secret-card-4242"}
+PROOF = {
+    "source": "dashboard",
+    "reference": "ch_777",
+    "charge_id": "ch_777",
+    "note": "secret-card-4242",
+}
 
 
 def test_history_folds_events_at_any_sequence_without_touching_the_target(bench) -> None:
     record = bench.unknown_outcome(UNSAFE)
     done = resolution.resolve_succeeded(
-        bench.tenant, record.effect_id, operator="alice", reason="seen", evidence=PROOF
+        bench.tenant,
+        record.effect_id,
+        operator=make_operator("alice"),
+        reason="seen",
+        evidence=PROOF,
     )
     target = bench.targets[UNSAFE]
     calls_before = (target.requests, target.lookups)

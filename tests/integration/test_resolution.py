@@ -2,7 +2,9 @@
 
 Spec "HTTP, CLI, and MCP surfaces": three explicit choices, no "retry anyway" for unsafe
 effects. Negative tests assert that nothing changed: status, version, events, receipts,
-scheduled jobs and requests at the target.
+scheduled jobs and requests at the target. Operators are staff users holding
+``effect_broker.resolve_effect`` (issue 9, defect 5); per-class rules for not_committed
+and forks are in ``test_operator_authority.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from effect_broker.domain.errors import (
     EffectNotFoundError,
     IllegalTransitionError,
     InvalidRequestError,
+    OperatorForbiddenError,
     StaleWriteError,
 )
 from effect_broker.domain.keys import digest_hex
@@ -26,16 +29,25 @@ from effect_broker.domain.payload_crypto import REDACTED
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import EffectReceipt
-from effect_broker.services import inspection, resolution
+from effect_broker.services import forking, inspection, resolution
 from effect_broker.services.dispatch import dispatch
 from effect_broker.services.reconcile import reconcile
 from effect_broker.store import load_effect_for_worker, load_events, verify_event_chain
+from tests.integration.conftest import make_operator
 from tests.integration.engine.harness import Bench
 
 S = EffectStatus
 IDEMPOTENT = SafetyClass.IDEMPOTENT
 UNSAFE = SafetyClass.UNSAFE
-PROOF = {"charge_id": "ch_777", "seen_in": "dashboard", "note": "secret-card-4242"}
+PROOF = {
+    "source": "dashboard",
+    "reference": "ch_777",
+    "charge_id": "ch_777",
+    "note": "secret-card-4242",
+}
+NOT_THERE = {"source": "target export", "checked_at": "2026-06-01T12:05:00+00:00"}
+#: Has the members of every resolution's shape (for refusals that must come from state).
+ANY_SHAPE = {**NOT_THERE, "reference": "r-1"}
 
 
 def in_manual_review(bench: Bench) -> EffectRecord:
@@ -85,7 +97,7 @@ def test_success_from_unknown_passes_review_and_writes_exactly_one_receipt(
     done = resolution.resolve_succeeded(
         bench.tenant,
         record.effect_id,
-        operator="alice",
+        operator=make_operator("alice"),
         reason="charge visible in the dashboard",
         evidence=PROOF,
         external_id="ch_777",
@@ -125,7 +137,11 @@ def test_success_from_unknown_passes_review_and_writes_exactly_one_receipt(
 def test_success_from_manual_review_is_one_event(bench) -> None:
     record = in_manual_review(bench)
     done = resolution.resolve_succeeded(
-        bench.tenant, record.effect_id, operator="bob", reason="found it", evidence=PROOF
+        bench.tenant,
+        record.effect_id,
+        operator=make_operator("bob"),
+        reason="found it",
+        evidence=PROOF,
     )
     assert done.version == record.version + 1
     assert tail(done, 1) == [("resolved_succeeded", "manual_review", "succeeded", "bob")]
@@ -133,58 +149,93 @@ def test_success_from_manual_review_is_one_event(bench) -> None:
 
 
 @pytest.mark.parametrize(
-    ("operator", "reason", "evidence"),
-    [("alice", "seen", {}), ("alice", "  ", PROOF), ("", "seen", PROOF)],
-    ids=["no-evidence", "blank-reason", "no-operator"],
+    ("reason", "evidence", "missing"),
+    [
+        ("seen", {}, "source,reference"),
+        ("  ", PROOF, None),
+        ("seen", {"charge_id": "ch_777"}, "source"),
+        ("seen", {"source": "dashboard", "reference": " "}, "reference"),
+    ],
+    ids=["no-evidence", "blank-reason", "no-source", "blank-reference"],
 )
-def test_success_without_proof_reason_or_operator_is_refused(
-    bench, operator, reason, evidence
+def test_success_without_proof_of_its_shape_or_a_reason_is_refused(
+    bench, reason, evidence, missing
 ) -> None:
     record = bench.unknown_outcome(UNSAFE)
     before = snapshot(bench, record)
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(InvalidRequestError) as refused:
         resolution.resolve_succeeded(
             bench.tenant,
             record.effect_id,
-            operator=operator,
+            operator=make_operator("alice"),
             reason=reason,
             evidence=evidence,
         )
+    assert refused.value.details.get("missing") == missing
+    assert snapshot(bench, record) == before
+
+
+@pytest.mark.parametrize(
+    "who",
+    ["nobody", "not-staff", "no-permission", "inactive"],
+)
+def test_only_an_active_staff_user_with_the_permission_may_resolve(bench, who) -> None:
+    # Given an unsafe effect whose outcome is unknown
+    record = bench.unknown_outcome(UNSAFE)
+    before = snapshot(bench, record)
+    user = {
+        "nobody": None,
+        "not-staff": make_operator("agent", staff=False),
+        "no-permission": make_operator("clerk", permitted=False),
+        "inactive": make_operator("gone"),
+    }[who]
+    if who == "inactive":
+        user.is_active = False
+        user.save()
+    # When that user tries each resolution, then it is refused and nothing changes
+    for choice in resolution.Resolution:
+        with pytest.raises(OperatorForbiddenError):
+            resolution.resolve(
+                bench.tenant,
+                record.effect_id,
+                choice,
+                operator=user,
+                reason="r",
+                evidence=ANY_SHAPE,
+            )
     assert snapshot(bench, record) == before
 
 
 # --- proof of non-commit ------------------------------------------------------------
 
 
-def test_unsafe_not_committed_with_evidence_requeues_and_applies_once(bench) -> None:
+def test_unsafe_not_committed_is_refused_with_advice_to_fork(bench) -> None:
     # Given an unsafe request that reached the target, committed nothing, got no answer
     record = bench.unknown_outcome(UNSAFE, Fault.TIMEOUT_BEFORE_COMMIT)
     assert bench.target_rows(record) == 0
+    before = snapshot(bench, record)
     # When an operator attests, with evidence, that the target never applied it
-    requeued = resolution.resolve_not_committed(
-        bench.tenant,
-        record.effect_id,
-        operator="carol",
-        reason="no charge in the target's export",
-        evidence={"export": "charges-2026-06-01.csv", "rows_for_ref": 0},
-    )
-    # Then it is PREPARED with a dispatch job deferred in the same transaction
-    assert requeued.status is S.PREPARED
-    assert requeued.next_action_at == bench.clock.now()
-    assert bench.scheduler.requests[-1] == ("dispatch", record.effect_id, None)
-    assert tail(requeued, 2) == [
-        ("operator_review_started", "outcome_unknown", "manual_review", "carol"),
-        ("resolved_not_committed", "manual_review", "prepared", "carol"),
-    ]
-    assert verify_event_chain(record.effect_id) == requeued.version
-    # And the one resend happens once
-    assert dispatch(record.effect_id, worker="w2").status is S.SUCCEEDED
-    assert bench.target_rows(record) == 1
+    with pytest.raises(IllegalTransitionError) as refused:
+        resolution.resolve_not_committed(
+            bench.tenant,
+            record.effect_id,
+            operator=make_operator("carol"),
+            reason="no charge in the target's export",
+            evidence=NOT_THERE,
+        )
+    # Then it is never requeued under the same key (spec rule 6): nothing is written,
+    # no job deferred, and the advice is to fork (a new operation key)
+    assert refused.value.details["refusal"] == "unsafe_never_requeued"
+    assert "fork it" in str(refused.value)
+    assert snapshot(bench, record) == before
+    # And a redelivered dispatch job still does not resend it
+    assert dispatch(record.effect_id, worker="w2").status is S.OUTCOME_UNKNOWN
+    assert bench.targets[UNSAFE].requests == 1
 
 
 @pytest.mark.parametrize(
     ("reason", "evidence"),
-    [("nothing there", {}), ("", {"export": "x"})],
+    [("nothing there", {}), ("", NOT_THERE)],
     ids=["empty-evidence", "empty-reason"],
 )
 def test_unsafe_not_committed_without_evidence_is_refused_and_nothing_changes(
@@ -196,7 +247,7 @@ def test_unsafe_not_committed_without_evidence_is_refused_and_nothing_changes(
         resolution.resolve_not_committed(
             bench.tenant,
             record.effect_id,
-            operator="carol",
+            operator=make_operator("carol"),
             reason=reason,
             evidence=evidence,
         )
@@ -207,51 +258,64 @@ def test_unsafe_not_committed_without_evidence_is_refused_and_nothing_changes(
 
 
 def test_not_committed_past_the_retry_limit_is_refused_with_advice(bench) -> None:
-    # Given an unsafe effect that used all 4 attempts (retry_limit = 3), the last unknown
-    record = bench.submit(UNSAFE)
-    bench.targets[UNSAFE].inject(Fault.REJECT, times=3)
+    # Given a reconcilable effect that used all 4 attempts (retry_limit = 3), the last
+    # unknown, and its settlement deadline long past on the database clock (the bench
+    # clock stands months before it)
+    safety = SafetyClass.RECONCILABLE
+    record = bench.submit(safety)
+    bench.targets[safety].inject(Fault.REJECT, times=3)
     for _ in range(3):
         dispatch(record.effect_id, worker="w1")
         bench.advance(120)
-    bench.targets[UNSAFE].inject(Fault.TIMEOUT_BEFORE_COMMIT)
+    bench.targets[safety].inject(Fault.TIMEOUT_BEFORE_COMMIT)
     last = dispatch(record.effect_id, worker="w1")
     assert (last.status, last.attempt_count) == (S.OUTCOME_UNKNOWN, 4)
+    assert last.settlement_deadline is not None
+    assert last.settlement_deadline < store.database_now()
     before = snapshot(bench, record)
     # When an operator proves non-commit, the contract does not permit a fifth attempt
     with pytest.raises(IllegalTransitionError) as refused:
         resolution.resolve_not_committed(
             bench.tenant,
             record.effect_id,
-            operator="dave",
+            operator=make_operator("dave"),
             reason="not in the export",
-            evidence={"export": "x"},
+            evidence=NOT_THERE,
         )
     assert refused.value.details["refusal"] == "retry_limit_reached"
     assert "resolve it as failed" in str(refused.value)
     assert snapshot(bench, record) == before
     # And the advice works
     failed = resolution.resolve_failed(
-        bench.tenant, record.effect_id, operator="dave", reason="budget spent"
-    )
-    assert failed.status is S.FAILED_FINAL
-    assert bench.targets[UNSAFE].requests == 4
-
-
-def test_idempotent_past_retention_not_committed_resends_once(bench) -> None:
-    record = in_manual_review(bench)
-    requeued = resolution.resolve_not_committed(
         bench.tenant,
         record.effect_id,
-        operator="erin",
-        reason="target has no row for the key",
-        evidence={"lookup": "none"},
+        operator=make_operator("dave"),
+        reason="budget spent",
     )
-    assert requeued.status is S.PREPARED
-    assert tail(requeued, 1) == [
-        ("resolved_not_committed", "manual_review", "prepared", "erin")
-    ]
-    assert dispatch(record.effect_id, worker="w3").status is S.SUCCEEDED
-    assert bench.target_rows(record) == 1
+    assert failed.status is S.FAILED_FINAL
+    assert bench.targets[safety].requests == 4
+
+
+def test_idempotent_past_retention_not_committed_is_refused_with_advice(bench) -> None:
+    # Given an idempotent effect in review because its key retention lapsed
+    record = in_manual_review(bench)
+    assert record.retention_deadline is not None
+    assert record.retention_deadline < store.database_now()
+    before = snapshot(bench, record)
+    # When an operator attests non-commit, a same-key resend is refused: the target
+    # no longer deduplicates the key, so a resend could be a second charge
+    with pytest.raises(IllegalTransitionError) as refused:
+        resolution.resolve_not_committed(
+            bench.tenant,
+            record.effect_id,
+            operator=make_operator("erin"),
+            reason="target has no row for the key",
+            evidence=NOT_THERE,
+        )
+    assert refused.value.details["refusal"] == "key_retention_expired"
+    assert "or fork it" in str(refused.value)
+    assert snapshot(bench, record) == before
+    assert bench.target_rows(record) == 0
 
 
 # --- final failure ----------------------------------------------------------------
@@ -261,7 +325,10 @@ def test_failed_from_unknown_is_final_without_a_receipt(bench) -> None:
     record = bench.unknown_outcome(IDEMPOTENT, Fault.TIMEOUT_BEFORE_COMMIT)
     jobs_before = list(bench.scheduler.requests)
     failed = resolution.resolve_failed(
-        bench.tenant, record.effect_id, operator="frank", reason="customer cancelled"
+        bench.tenant,
+        record.effect_id,
+        operator=make_operator("frank"),
+        reason="customer cancelled",
     )
     assert failed.status is S.FAILED_FINAL
     assert tail(failed, 2) == [
@@ -287,9 +354,9 @@ def _attempt(bench: Bench, record: EffectRecord, choice: resolution.Resolution) 
         bench.tenant,
         record.effect_id,
         choice,
-        operator="mallory",
+        operator=make_operator("mallory"),
         reason="because",
-        evidence={"anything": True},
+        evidence=ANY_SHAPE,
     )
 
 
@@ -308,7 +375,11 @@ def test_resolution_of_a_prepared_effect_is_refused(bench, choice) -> None:
 def test_a_settled_effect_is_never_resolved_again(bench, choice) -> None:
     record = bench.unknown_outcome(UNSAFE)
     resolution.resolve_succeeded(
-        bench.tenant, record.effect_id, operator="alice", reason="seen", evidence=PROOF
+        bench.tenant,
+        record.effect_id,
+        operator=make_operator("alice"),
+        reason="seen",
+        evidence=PROOF,
     )
     before = snapshot(bench, record)
     with pytest.raises(IllegalTransitionError) as refused:
@@ -325,7 +396,7 @@ def test_an_unknown_resolution_name_is_refused(bench) -> None:
             bench.tenant,
             record.effect_id,
             "retry_anyway",
-            operator="mallory",
+            operator=make_operator("mallory"),
             reason="yolo",
         )
 
@@ -335,13 +406,29 @@ def test_everything_is_tenant_scoped(bench, other_tenant) -> None:
     before = snapshot(bench, record)
     calls = [
         lambda: resolution.resolve_succeeded(
-            other_tenant, record.effect_id, operator="x", reason="y", evidence=PROOF
+            other_tenant,
+            record.effect_id,
+            operator=make_operator("x"),
+            reason="y",
+            evidence=PROOF,
         ),
         lambda: resolution.resolve_not_committed(
-            other_tenant, record.effect_id, operator="x", reason="y", evidence=PROOF
+            other_tenant,
+            record.effect_id,
+            operator=make_operator("x"),
+            reason="y",
+            evidence=NOT_THERE,
         ),
         lambda: resolution.resolve_failed(
-            other_tenant, record.effect_id, operator="x", reason="y"
+            other_tenant, record.effect_id, operator=make_operator("x"), reason="y"
+        ),
+        lambda: forking.fork(
+            other_tenant,
+            record.effect_id,
+            operator=make_operator("x"),
+            new_operation_key="other:1",
+            reason="y",
+            evidence=NOT_THERE,
         ),
         lambda: resolution.request_reconciliation(other_tenant, record.effect_id),
         lambda: inspection.history(other_tenant, record.effect_id),
@@ -366,7 +453,11 @@ def test_a_concurrent_write_refuses_the_resolution_and_writes_nothing(
     # When the resolution is written, the fence refuses it and nothing of it lands
     with pytest.raises(StaleWriteError):
         resolution.resolve_succeeded(
-            bench.tenant, record.effect_id, operator="alice", reason="r", evidence=PROOF
+            bench.tenant,
+            record.effect_id,
+            operator=make_operator("alice"),
+            reason="r",
+            evidence=PROOF,
         )
     assert snapshot(bench, record) == before
 

@@ -14,10 +14,10 @@ from effect_broker.management.crash_matrix_options import (
     add_crash_matrix_arguments,
     run_crash_matrix,
 )
-from effect_broker.models import EffectEvent, EffectIntent, Tenant
+from effect_broker.models import Tenant
+from effect_broker.services import inspection
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import create_tenant
-from effect_broker.store import verify_event_chain
 
 
 class Command(BaseCommand):
@@ -93,12 +93,13 @@ class Command(BaseCommand):
             self._say(f"      refused [{exc.code}]: {exc}")
         else:  # pragma: no cover - would be a correctness bug
             raise SystemExit("BUG: payload drift was accepted")
-        intents = EffectIntent.objects.filter(tenant=tenant, operation_key=key).count()
-        # django-stubs: a UUID foreign key lookup also takes the id as a str.
-        events = EffectEvent.objects.filter(
-            effect_id=first.effect.effect_id  # type: ignore[misc]
-        ).count()
-        chain = verify_event_chain(first.effect.effect_id)
+        intents = sum(
+            1
+            for r in inspection.list_effects(tenant, operation_prefix=key)
+            if r.operation_key == key
+        )
+        events = inspection.count_events(first.effect.effect_id)
+        chain = inspection.verify_chain(first.effect.effect_id)
         self._say(
             f"result: {intents} intent, {events} event, event chain verified ({chain}), "
             f"{time.monotonic() - started:.2f}s"

@@ -1,9 +1,13 @@
-"""``effect-broker effects list|inspect|reconcile|resolve``: the operator's console.
+"""``effect-broker effects list|inspect|reconcile|resolve|fork``: the operator's console.
 
 This is a privileged local tool: whoever can run it can read the database, so it acts
 across tenants. ``list`` shows every tenant unless ``--tenant`` narrows it, and the other
 actions look up the tenant that owns the effect themselves (no ``--tenant`` needed). The
 HTTP API, by contrast, only ever sees the caller's own tenant.
+
+``resolve`` and ``fork`` write on an operator's authority: ``--as USERNAME`` names the
+acting staff user, who must exist, be active and staff, and hold
+``effect_broker.resolve_effect`` (checked by the service); the events carry that name.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from effect_broker.domain.canonical import canonical_json, parse_json_strict
 from effect_broker.domain.errors import InvalidRequestError
+from effect_broker.domain.evidence import EVIDENCE_SHAPES
 from effect_broker.domain.states import EffectStatus
-from effect_broker.services import inspection, resolution
+from effect_broker.services import forking, inspection, operators, resolution
 from effect_broker.services.runtime import get_runtime
 
 _STATUSES = [s.value for s in EffectStatus]
@@ -28,12 +33,15 @@ _RESOLUTION_FLAGS = (
     (
         "--succeeded",
         resolution.Resolution.SUCCEEDED,
-        "proof of success: settle with a receipt (needs --evidence)",
+        "proof of success: settle with a receipt (needs --evidence with "
+        + ", ".join(EVIDENCE_SHAPES["succeeded"])
+        + ")",
     ),
     (
         "--not-committed",
         resolution.Resolution.NOT_COMMITTED,
-        "proof the target never applied it: requeue (needs --evidence)",
+        "proof the target never applied it: requeue where the safety class allows "
+        "(needs --evidence with " + ", ".join(EVIDENCE_SHAPES["not_committed"]) + ")",
     ),
     (
         "--failed",
@@ -95,17 +103,20 @@ class Command(BaseCommand):
             "resolve",
             help="resolve an outcome_unknown or manual_review effect",
             description="Resolve an effect an operator has investigated (the tenant is\n"
-            "looked up from the id). There is no 'retry anyway': --not-committed\n"
-            "requeues only with evidence that the target never applied the request,\n"
-            "and only if the contract's retry limit allows another attempt.",
+            "looked up from the id), acting as the staff user named by --as. There is\n"
+            "no 'retry anyway': --not-committed requeues only with evidence that the\n"
+            "target never applied the request, only if the contract's retry limit\n"
+            "allows another attempt, never for an unsafe effect (fork it instead), not\n"
+            "before a reconcilable effect's settlement deadline, and not after an\n"
+            "idempotent effect's key retention.",
             formatter_class=argparse.RawDescriptionHelpFormatter,
             epilog="examples:\n"
             "  effect-broker effects resolve ID --succeeded --reason 'charge in the "
             "dashboard' \\\n"
-            '      --evidence \'{"charge_id": "ch_1"}\' --external-id ch_1 '
-            "--operator alice\n"
+            '      --evidence \'{"source": "stripe dashboard", "reference": "ch_1"}\' '
+            "--external-id ch_1 --as alice\n"
             "  effect-broker effects resolve ID --failed --reason 'customer cancelled' "
-            "--operator bob",
+            "--as bob",
         )
         resolve.add_argument("effect_id")
         choice = resolve.add_mutually_exclusive_group(required=True)
@@ -126,9 +137,41 @@ class Command(BaseCommand):
             help="a JSON object; stored encrypted (succeeded) and by digest in the event",
         )
         resolve.add_argument("--external-id", metavar="X", help="the target's object id")
-        resolve.add_argument(
-            "--operator", required=True, metavar="NAME", help="who is resolving"
+        _add_acting_user(resolve)
+
+        fork = sub.add_parser(
+            "fork",
+            help="continue an unresolved effect as a new effect under a new key",
+            description="Fork an outcome_unknown or manual_review effect (spec 'Replay\n"
+            "and time-travel semantics'): in one transaction, the old effect is\n"
+            "settled failed_final (event resolved_forked, naming the fork) on your\n"
+            "attestation that it never committed, and a NEW effect with the same\n"
+            "tool and arguments is reserved under --new-operation-key and dispatched.",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog="example:\n"
+            "  effect-broker effects fork ID --new-operation-key order:7:charge:v2 "
+            "--as alice \\\n"
+            "      --reason 'no charge in the export' \\\n"
+            '      --evidence \'{"source": "stripe export", '
+            '"checked_at": "2026-12-03T21:00:00Z"}\'',
         )
+        fork.add_argument("effect_id")
+        fork.add_argument(
+            "--new-operation-key",
+            required=True,
+            metavar="KEY",
+            help="the new business operation's key (must differ from the old one)",
+        )
+        fork.add_argument(
+            "--reason", required=True, metavar="TEXT", help="why; recorded in the event"
+        )
+        fork.add_argument(
+            "--evidence",
+            required=True,
+            metavar="JSON",
+            help="a JSON object with " + ", ".join(EVIDENCE_SHAPES["fork"]),
+        )
+        _add_acting_user(fork)
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -138,6 +181,8 @@ class Command(BaseCommand):
             self._inspect(options["effect_id"], options["at_sequence"])
         elif action == "reconcile":
             self._reconcile(options["effect_id"])
+        elif action == "fork":
+            self._fork(options)
         else:
             self._resolve(options)
 
@@ -197,6 +242,11 @@ class Command(BaseCommand):
             self.stdout.write(f"attempts   {record.attempt_count}")
             if record.receipt_id:
                 self.stdout.write(f"receipt    {record.receipt_id}")
+            links = inspection.fork_links(record)
+            if links.forked_from:
+                self.stdout.write(f"forked     from {links.forked_from}")
+            if links.forked_to:
+                self.stdout.write(f"forked     to {links.forked_to}")
             if inspection.needs_operator(record):
                 self.stdout.write(
                     "needs      an operator (effect-broker effects resolve)"
@@ -222,12 +272,8 @@ class Command(BaseCommand):
             self.stdout.write(f"nothing to reconcile: {effect_id} is {status}")
 
     def _resolve(self, options: dict[str, Any]) -> None:
-        evidence: dict[str, Any] = {}
-        if options["evidence"] is not None:
-            parsed = parse_json_strict(options["evidence"])
-            if not isinstance(parsed, dict):
-                raise InvalidRequestError("--evidence must be a JSON object")
-            evidence = parsed
+        operator = operators.operator_by_username(options["acting_user"])
+        evidence = _evidence(options["evidence"])
         effect_id = options["effect_id"]
         tenant = inspection.tenant_of(effect_id)
         before = inspection.get_effect(tenant, effect_id).status.value
@@ -235,7 +281,7 @@ class Command(BaseCommand):
             tenant,
             effect_id,
             options["resolution"],
-            operator=options["operator"],
+            operator=operator,
             reason=options["reason"],
             evidence=evidence,
             external_id=options["external_id"],
@@ -246,6 +292,43 @@ class Command(BaseCommand):
         if after.status is EffectStatus.PREPARED:
             line += " (requeued for dispatch)"
         self.stdout.write(line)
+
+    def _fork(self, options: dict[str, Any]) -> None:
+        operator = operators.operator_by_username(options["acting_user"])
+        effect_id = options["effect_id"]
+        forked = forking.fork(
+            inspection.tenant_of(effect_id),
+            effect_id,
+            operator=operator,
+            new_operation_key=options["new_operation_key"],
+            reason=options["reason"],
+            evidence=_evidence(options["evidence"]),
+        )
+        self.stdout.write(
+            f"forked {forked.old.effect_id} ({forked.old.status.value}) -> "
+            f"{forked.new.effect_id} {forked.new.operation_key} "
+            f"({forked.new.status.value}, queued for dispatch)"
+        )
+
+
+def _add_acting_user(parser: CommandParser) -> None:
+    parser.add_argument(
+        "--as",
+        dest="acting_user",
+        required=True,
+        metavar="USERNAME",
+        help="the staff user you act as (active, staff, holds "
+        f"{operators.RESOLVE_PERMISSION}); recorded in the events",
+    )
+
+
+def _evidence(raw: str | None) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    parsed = parse_json_strict(raw)
+    if not isinstance(parsed, dict):
+        raise InvalidRequestError("--evidence must be a JSON object")
+    return parsed
 
 
 def _age(now: datetime, then: datetime) -> str:

@@ -48,6 +48,7 @@ EXPECTED = {
     "TenantNotFoundError": ("tenant_not_found", 404),
     "TenantDisabledError": ("tenant_disabled", 403),
     "AuthenticationError": ("unauthenticated", 401),
+    "OperatorForbiddenError": ("operator_forbidden", 403),
     "InvalidRequestError": ("invalid_request", 400),
     "ConfigurationError": ("configuration", 500),
     "EventChainBrokenError": ("event_chain_broken", 500),

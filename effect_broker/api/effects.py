@@ -1,0 +1,221 @@
+"""The public effects surface: a tenant's API key, and only that tenant's effects.
+
+The tenant comes from the key (``Authorization: Bearer eb_...``), never from a request
+field. Operator resolution and forks are not here: they live on the operator router,
+behind an operator token (``effect_broker.api.operators``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, cast
+
+from django.http import HttpRequest
+from ninja import Query, Router, Schema, Status
+from ninja.security import HttpBearer
+
+from effect_broker.api.schemas import EffectOut, effect_out
+from effect_broker.domain.records import EffectRequest
+from effect_broker.domain.states import EffectStatus
+from effect_broker.models import Tenant
+from effect_broker.services import inspection, resolution
+from effect_broker.services.submission import submit
+from effect_broker.services.tenants import authenticate
+
+
+class ApiKeyAuth(HttpBearer):
+    """``Authorization: Bearer eb_...``: the tenant comes from the key, nowhere else."""
+
+    def authenticate(self, request: HttpRequest, token: str) -> Tenant:
+        return authenticate(token)
+
+
+router = Router(auth=ApiKeyAuth(), tags=["effects"])
+
+
+def _tenant(request: HttpRequest) -> Tenant:
+    """The tenant ``ApiKeyAuth`` authenticated for this request."""
+    # ninja sets ``request.auth`` at runtime; HttpRequest's stubs don't declare it.
+    return cast(Tenant, request.auth)  # type: ignore[attr-defined]
+
+
+class SubmitIn(Schema):
+    """POST /v1/effects body."""
+
+    operation_key: str
+    tool: str
+    arguments: dict[str, Any]
+    trace_id: str | None = None
+    requested_by: str = ""
+
+
+class ListFilters(Schema):
+    """GET /v1/effects filters."""
+
+    status: EffectStatus | None = None
+    tool: str | None = None
+    operation_prefix: str | None = None
+    limit: int = 50
+
+
+class ReconcileOut(EffectOut):
+    """The effect, and whether a reconcile job was deferred for it."""
+
+    reconcile_requested: bool
+
+
+class EventOut(Schema):
+    """One stored transition event."""
+
+    sequence: int
+    event_type: str
+    old_status: str | None
+    new_status: str
+    version: int
+    actor: str
+    occurred_at: datetime
+    metadata: dict[str, Any]
+    digest: str
+
+
+class HistoryOut(Schema):
+    """The effect folded from its verified event chain up to ``at_sequence``."""
+
+    effect_id: str
+    at_sequence: int
+    latest_sequence: int
+    status: str
+    version: int
+    chain_verified: bool
+    events: list[EventOut]
+
+
+class ReceiptOut(Schema):
+    """An immutable terminal receipt, result included (the caller's own data)."""
+
+    receipt_id: str
+    effect_id: str
+    external_id: str | None
+    result: dict[str, Any]
+    result_preview: dict[str, Any]
+    evidence_digest: str
+    target_timestamp: datetime | None
+    contract_version: str
+    downstream_key_digest: str
+    created_at: datetime
+
+
+@router.post(
+    "/v1/effects",
+    response={200: EffectOut, 202: EffectOut},
+    summary="Reserve an effect (202 new, 200 replay, 409 payload drift)",
+)
+def submit_effect(request: HttpRequest, body: SubmitIn) -> Status[dict[str, Any]]:
+    reservation = submit(
+        _tenant(request),
+        EffectRequest(
+            operation_key=body.operation_key,
+            tool=body.tool,
+            arguments=body.arguments,
+            requested_by=body.requested_by,
+            trace_id=body.trace_id,
+        ),
+    )
+    status = 202 if reservation.created else 200
+    return Status(
+        status,
+        effect_out(
+            reservation.effect, created=reservation.created, replayed=reservation.replayed
+        ),
+    )
+
+
+@router.get("/v1/effects/{effect_id}", response=EffectOut)
+def get_effect(request: HttpRequest, effect_id: str) -> dict[str, Any]:
+    record = inspection.get_effect(_tenant(request), effect_id)
+    return effect_out(record, links=inspection.fork_links(record))
+
+
+@router.get("/v1/effects", response=list[EffectOut])
+def list_effects(
+    request: HttpRequest, filters: Query[ListFilters]
+) -> list[dict[str, Any]]:
+    records = inspection.list_effects(
+        _tenant(request),
+        status=filters.status,
+        tool=filters.tool,
+        operation_prefix=filters.operation_prefix,
+        limit=filters.limit,
+    )
+    return [effect_out(r) for r in records]
+
+
+@router.get(
+    "/v1/effects/{effect_id}/history",
+    response=HistoryOut,
+    summary="Fold the verified event chain; inspect state at an optional event sequence",
+)
+def effect_history(
+    request: HttpRequest, effect_id: str, at_sequence: int | None = None
+) -> dict[str, Any]:
+    folded = inspection.history(_tenant(request), effect_id, at_sequence)
+    return {
+        "effect_id": folded.effect_id,
+        "at_sequence": folded.at_sequence,
+        "latest_sequence": folded.latest_sequence,
+        "status": folded.status.value,
+        "version": folded.version,
+        # history() raises event_chain_broken rather than return an unverified chain.
+        "chain_verified": True,
+        "events": [
+            {
+                "sequence": e.facts.sequence,
+                "event_type": e.facts.event_type,
+                "old_status": e.facts.old_status,
+                "new_status": e.facts.new_status,
+                "version": e.facts.version,
+                "actor": e.facts.actor,
+                "occurred_at": e.facts.occurred_at,
+                "metadata": dict(e.facts.metadata),
+                "digest": e.digest.hex(),
+            }
+            for e in folded.events
+        ],
+    }
+
+
+@router.get(
+    "/v1/effects/{effect_id}/receipt",
+    response=ReceiptOut,
+    summary="Return the immutable terminal receipt (404 while there is none)",
+)
+def effect_receipt(request: HttpRequest, effect_id: str) -> dict[str, Any]:
+    receipt = inspection.get_receipt(_tenant(request), effect_id)
+    return {
+        "receipt_id": receipt.receipt_id,
+        "effect_id": receipt.effect_id,
+        "external_id": receipt.external_id,
+        "result": dict(receipt.result),
+        "result_preview": dict(receipt.result_preview),
+        "evidence_digest": receipt.evidence_digest,
+        "target_timestamp": receipt.target_timestamp,
+        "contract_version": receipt.contract_version,
+        "downstream_key_digest": receipt.downstream_key_digest,
+        "created_at": receipt.created_at,
+    }
+
+
+@router.post(
+    "/v1/effects/{effect_id}/reconcile",
+    response={200: ReconcileOut, 202: ReconcileOut},
+    summary="Request reconciliation (202 deferred, 200 nothing to do); never forces an "
+    "unsafe retry (409)",
+)
+def reconcile_effect(request: HttpRequest, effect_id: str) -> Status[dict[str, Any]]:
+    asked = resolution.request_reconciliation(
+        _tenant(request), effect_id, requested_by="api"
+    )
+    return Status(
+        202 if asked.deferred else 200,
+        {**effect_out(asked.effect), "reconcile_requested": asked.deferred},
+    )

@@ -1,0 +1,59 @@
+"""Response and request schemas shared by the API's routers, and the one mapping of
+an effect record to its wire shape."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ninja import Schema
+
+from effect_broker.domain.records import EffectRecord
+from effect_broker.services.inspection import ForkLinks
+
+
+class EffectOut(Schema):
+    """An effect as callers see it: state, never raw arguments."""
+
+    effect_id: str
+    operation_key: str
+    tool: str
+    contract: str
+    safety_class: str
+    status: str
+    version: int
+    attempt_count: int
+    arguments_preview: dict[str, Any]
+    receipt_id: str | None
+    created_at: datetime
+    updated_at: datetime
+    created: bool | None = None
+    replayed: bool | None = None
+    #: Fork links (spec "Replay and time-travel semantics"), where the response
+    #: looked them up: the effect this one was forked from, and its fork.
+    forked_from: str | None = None
+    forked_to: str | None = None
+
+
+def effect_out(
+    record: EffectRecord, *, links: ForkLinks | None = None, **flags: bool
+) -> dict[str, Any]:
+    """The wire shape of ``record`` (with its fork links when given)."""
+    out: dict[str, Any] = {
+        "effect_id": record.effect_id,
+        "operation_key": record.operation_key,
+        "tool": record.tool,
+        "contract": f"{record.contract_name}@{record.contract_version}",
+        "safety_class": record.safety.value,
+        "status": record.status.value,
+        "version": record.version,
+        "attempt_count": record.attempt_count,
+        "arguments_preview": dict(record.arguments_preview),
+        "receipt_id": record.receipt_id,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+        **flags,
+    }
+    if links is not None:
+        out["forked_from"], out["forked_to"] = links.forked_from, links.forked_to
+    return out
