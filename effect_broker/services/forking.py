@@ -95,7 +95,7 @@ def fork(
             field="new_operation_key",
         )
     if record.safety is SafetyClass.RECONCILABLE:
-        refuse_before_settlement(record, action="a fork")
+        refuse_before_settlement(rt, record, action="a fork")
     arguments = load_arguments(rt, record)
     now = rt.clock.now()
     with transaction.atomic():
@@ -131,7 +131,9 @@ def fork(
                 "forked_to": new.effect_id,
                 "fork_operation_key": new_key,
             },
-            changes=SETTLED,
+            # Settled on the operator's attestation of non-commit, which is on record
+            # (evidence digest): the doubt ends with it.
+            changes={**SETTLED, "outcome_in_doubt": False},
             riders=(
                 store.fork_link(
                     review, new_effect_id=new.effect_id, operator=actor, now=now

@@ -147,10 +147,10 @@ def refuse_requeue(rt: Runtime, record: EffectRecord) -> None:
             **details,
         )
     if record.safety is SafetyClass.RECONCILABLE:
-        refuse_before_settlement(record, action="a not_committed requeue")
+        refuse_before_settlement(rt, record, action="a not_committed requeue")
     elif record.safety is SafetyClass.IDEMPOTENT and record.retention_deadline:
         horizon = record.retention_deadline - rt.timing.retention_margin
-        if store.database_now() >= horizon:
+        if store.database_now(rt.clock.database_offset()) >= horizon:
             raise IllegalTransitionError(
                 f"effect {record.effect_id} is idempotent but the target's retention "
                 f"of its key ends at {record.retention_deadline.isoformat()} (resends "
@@ -163,10 +163,13 @@ def refuse_requeue(rt: Runtime, record: EffectRecord) -> None:
             )
 
 
-def refuse_before_settlement(record: EffectRecord, *, action: str) -> None:
+def refuse_before_settlement(rt: Runtime, record: EffectRecord, *, action: str) -> None:
     """A reconcilable target may still settle the request until its deadline."""
     deadline = record.settlement_deadline
-    if deadline is not None and store.database_now() >= deadline:
+    if (
+        deadline is not None
+        and store.database_now(rt.clock.database_offset()) >= deadline
+    ):
         return
     when = (
         f"from {deadline.isoformat()} (database clock)"

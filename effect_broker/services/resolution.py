@@ -59,6 +59,7 @@ from effect_broker.services.operator_steps import (
 from effect_broker.services.operators import operator_name
 from effect_broker.services.payloads import seal_result
 from effect_broker.services.runtime import Runtime, get_runtime
+from effect_broker.store import db_time
 
 logger = logging.getLogger(__name__)
 
@@ -253,7 +254,13 @@ def resolve_not_committed(
             actor=actor,
             now=now,
             metadata={"reason": why, "evidence_digest": evidence_digest},
-            changes={**SETTLED, "next_action_at": now},
+            # The operator attests, with evidence, that nothing committed: the doubt
+            # ends here, on the record, under the operator's name.
+            changes={
+                **SETTLED,
+                "next_action_at": db_time.after_now(rt.clock.database_offset()),
+                "outcome_in_doubt": False,
+            },
         )
         # Deferred in the same transaction (STYLE rule 5): requeued iff committed.
         rt.scheduler.dispatch(record.effect_id)

@@ -137,9 +137,11 @@ def test_resolve_succeeded_then_receipt_and_history(
 
 
 def test_not_committed_requeues_over_http(client, bench, caller, op_token) -> None:
-    # A reconcilable effect whose settlement deadline is long past on the DB clock
+    # A reconcilable effect whose settlement deadline has passed on the DB clock
+    # (the bench moves it: send margin + the contract's 2 s bound, and then some)
     tenant, _ = caller
     record = effect(bench, tenant, SafetyClass.RECONCILABLE, Fault.TIMEOUT_BEFORE_COMMIT)
+    bench.advance(10)
     body = resolve_body("not_committed", evidence=NOT_THERE)
     path = f"/v1/effects/{record.effect_id}/resolve"
     response = call(client, "post", op_token, path, body)

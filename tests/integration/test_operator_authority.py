@@ -2,19 +2,21 @@
 
 Reproduced by review: ``not_committed`` requeued an unsafe effect (two charges), a
 reconcilable one before its settlement bound, and an idempotent one after its key
-retention. Deadlines are compared on the DATABASE clock: the bench clock is moved
-relative to ``database_now()`` so that the two clocks disagree where it matters.
+retention. Deadlines are compared on the DATABASE clock: the process clock is skewed
+away from it (``skew_process_clock``) so that the two clocks disagree where it
+matters, and the bench moves the database's clock (``bench.advance``).
 Negative tests assert that nothing was written, deferred or sent.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
 from effect_broker import store
 from effect_broker.adapters.simulated_adapter import Fault
+from effect_broker.domain.clock import ManualClock
 from effect_broker.domain.errors import (
     IllegalTransitionError,
     InvalidRequestError,
@@ -25,7 +27,7 @@ from effect_broker.domain.evidence import EVIDENCE_SHAPES, check_evidence
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import EffectFork, EffectIntent, EffectReceipt
-from effect_broker.services import forking, inspection, resolution
+from effect_broker.services import forking, inspection, resolution, runtime
 from effect_broker.services.dispatch import dispatch
 from effect_broker.services.payloads import load_arguments
 from effect_broker.services.runtime import get_runtime
@@ -38,11 +40,34 @@ S = EffectStatus
 NOT_THERE = {"source": "target export", "checked_at": "2026-12-03T21:00:00Z"}
 
 
-def align_clock(bench: Bench, offset: timedelta) -> None:
-    """Put the bench clock at the database's clock plus ``offset``."""
-    delta = store.database_now() + offset - bench.clock.now()
-    assert delta >= timedelta(0), "the bench clock only moves forward"
-    bench.clock.advance(delta)
+class SkewedClock:
+    """The bench clock as a host whose wall clock is ``skew`` away from the others'
+    (its monotonic clock and the database's clock are unaffected)."""
+
+    def __init__(self, inner: ManualClock, skew: timedelta) -> None:
+        self.inner, self.skew = inner, skew
+
+    def now(self) -> datetime:
+        return self.inner.now() + self.skew
+
+    def monotonic(self) -> float:
+        return self.inner.monotonic()
+
+    def database_offset(self) -> timedelta:
+        return self.inner.database_offset()
+
+
+def skew_process_clock(bench: Bench, skew: timedelta) -> SkewedClock:
+    """Run the rest of the test with the process clock ``skew`` away from the
+    database's (the bench's own runtime override restores the clock at teardown)."""
+    clock = SkewedClock(bench.clock, skew)
+    runtime.override(clock=clock).__enter__()
+    return clock
+
+
+def db_now(bench: Bench) -> datetime:
+    """The database's clock as the bench has moved it."""
+    return store.database_now(bench.clock.database_offset())
 
 
 def snapshot(bench: Bench, record: EffectRecord) -> tuple[object, ...]:
@@ -87,10 +112,10 @@ def fork(bench: Bench, record: EffectRecord, key: str, **kw: object) -> forking.
 
 def test_reconcilable_not_committed_before_the_settlement_bound_is_refused(bench) -> None:
     # Given a reconcilable effect whose settlement deadline is ahead on the DB clock
-    align_clock(bench, timedelta(hours=1))
+    skew_process_clock(bench, timedelta(hours=1))
     record = bench.unknown_outcome(SafetyClass.RECONCILABLE, Fault.TIMEOUT_BEFORE_COMMIT)
     assert record.settlement_deadline is not None
-    assert store.database_now() < record.settlement_deadline
+    assert db_now(bench) < record.settlement_deadline
     before = snapshot(bench, record)
     # When an operator attests non-commit, then it is refused: the target may settle
     with pytest.raises(IllegalTransitionError) as refused:
@@ -106,10 +131,11 @@ def test_reconcilable_not_committed_after_the_bound_on_the_database_clock_requeu
 ) -> None:
     # Given a reconcilable effect whose deadline passed on the DB clock, while the
     # bench (process) clock still stands before it
-    align_clock(bench, -timedelta(hours=1))
+    process = skew_process_clock(bench, -timedelta(hours=1))
     record = bench.unknown_outcome(SafetyClass.RECONCILABLE, Fault.TIMEOUT_BEFORE_COMMIT)
+    bench.advance(10)  # past the send margin + 2 s bound on the database's clock
     assert record.settlement_deadline is not None
-    assert bench.clock.now() < record.settlement_deadline < store.database_now()
+    assert process.now() < record.settlement_deadline < db_now(bench)
     # When an operator attests non-commit, it requeues with a dispatch job
     requeued = not_committed(bench, record)
     assert requeued.status is S.PREPARED
@@ -122,10 +148,9 @@ def test_reconcilable_not_committed_after_the_bound_on_the_database_clock_requeu
 def test_idempotent_not_committed_within_retention_requeues_and_applies_once(
     bench,
 ) -> None:
-    align_clock(bench, timedelta(0))
     record = bench.unknown_outcome(SafetyClass.IDEMPOTENT, Fault.TIMEOUT_BEFORE_COMMIT)
     assert record.retention_deadline is not None
-    assert store.database_now() < record.retention_deadline - timedelta(minutes=1)
+    assert db_now(bench) < record.retention_deadline - timedelta(minutes=1)
     requeued = not_committed(bench, record)
     assert requeued.status is S.PREPARED
     assert dispatch(record.effect_id, worker="w2").status is S.SUCCEEDED
@@ -134,10 +159,11 @@ def test_idempotent_not_committed_within_retention_requeues_and_applies_once(
 
 def test_idempotent_not_committed_inside_the_retention_margin_is_refused(bench) -> None:
     # Given retention that ends in 30 s on the DB clock: inside the 60 s margin
-    align_clock(bench, timedelta(seconds=30) - timedelta(hours=1))
+    skew_process_clock(bench, -timedelta(hours=1))
     record = bench.unknown_outcome(SafetyClass.IDEMPOTENT, Fault.TIMEOUT_BEFORE_COMMIT)
+    bench.advance(3600 - 30)
     assert record.retention_deadline is not None
-    assert store.database_now() < record.retention_deadline
+    assert db_now(bench) < record.retention_deadline
     before = snapshot(bench, record)
     with pytest.raises(IllegalTransitionError) as refused:
         not_committed(bench, record)
@@ -158,8 +184,8 @@ def test_idempotent_not_committed_inside_the_retention_margin_is_refused(bench) 
     ids=["empty", "no-source", "no-checked_at", "not-a-time", "naive-time"],
 )
 def test_not_committed_evidence_needs_its_shape(bench, evidence, missing) -> None:
-    align_clock(bench, -timedelta(hours=1))
     record = bench.unknown_outcome(SafetyClass.RECONCILABLE, Fault.TIMEOUT_BEFORE_COMMIT)
+    bench.advance(10)  # past the settlement deadline: only the evidence is wrong
     before = snapshot(bench, record)
     with pytest.raises(InvalidRequestError) as refused:
         not_committed(bench, record, evidence=evidence)
@@ -262,7 +288,7 @@ def test_fork_of_a_settled_effect_is_refused(bench) -> None:
 
 
 def test_fork_of_a_reconcilable_effect_before_its_bound_is_refused(bench) -> None:
-    align_clock(bench, timedelta(hours=1))
+    skew_process_clock(bench, timedelta(hours=1))
     record = bench.unknown_outcome(SafetyClass.RECONCILABLE, Fault.TIMEOUT_BEFORE_COMMIT)
     before = snapshot(bench, record)
     with pytest.raises(IllegalTransitionError) as refused:

@@ -259,8 +259,7 @@ def test_unsafe_not_committed_without_evidence_is_refused_and_nothing_changes(
 
 def test_not_committed_past_the_retry_limit_is_refused_with_advice(bench) -> None:
     # Given a reconcilable effect that used all 4 attempts (retry_limit = 3), the last
-    # unknown, and its settlement deadline long past on the database clock (the bench
-    # clock stands months before it)
+    # unknown, and its settlement deadline past on the database clock
     safety = SafetyClass.RECONCILABLE
     record = bench.submit(safety)
     bench.targets[safety].inject(Fault.REJECT, times=3)
@@ -270,8 +269,9 @@ def test_not_committed_past_the_retry_limit_is_refused_with_advice(bench) -> Non
     bench.targets[safety].inject(Fault.TIMEOUT_BEFORE_COMMIT)
     last = dispatch(record.effect_id, worker="w1")
     assert (last.status, last.attempt_count) == (S.OUTCOME_UNKNOWN, 4)
+    bench.advance(10)  # past the send margin + 2 s bound, on the database's clock
     assert last.settlement_deadline is not None
-    assert last.settlement_deadline < store.database_now()
+    assert last.settlement_deadline < store.database_now(bench.clock.database_offset())
     before = snapshot(bench, record)
     # When an operator proves non-commit, the contract does not permit a fifth attempt
     with pytest.raises(IllegalTransitionError) as refused:
@@ -300,7 +300,7 @@ def test_idempotent_past_retention_not_committed_is_refused_with_advice(bench) -
     # Given an idempotent effect in review because its key retention lapsed
     record = in_manual_review(bench)
     assert record.retention_deadline is not None
-    assert record.retention_deadline < store.database_now()
+    assert record.retention_deadline < store.database_now(bench.clock.database_offset())
     before = snapshot(bench, record)
     # When an operator attests non-commit, a same-key resend is refused: the target
     # no longer deduplicates the key, so a resend could be a second charge
