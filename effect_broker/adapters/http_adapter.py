@@ -15,10 +15,16 @@ Classification (each row is tested with real sockets in tests/contract):
   send) -> ``OutcomeUnknownError``.
 * 2xx with a JSON object -> ``DispatchResult``; 2xx with anything else ->
   ``OutcomeUnknownError`` (committed, but we cannot read what).
-* ``retryable_statuses`` (default 429, 503: what the target documents as "not
-  committed") -> ``RetryableAdapterError``.
+* ``retryable_statuses`` (default only 429: the one answer that proves non-commit;
+  anything else, e.g. a target's own 503, must be declared by the contract) ->
+  ``RetryableAdapterError``.
+* ``in_progress_statuses`` (default 409, 423 when an ``idempotency_header`` is set,
+  else none; "a request with this key is in progress") ->
+  ``RetryableAdapterError(reason="key_in_use")``: this request was not applied, the
+  earlier one may still commit, retry later with the same key.
 * ``terminal_statuses`` (default every other 4xx) -> ``TerminalAdapterError``.
-* 5xx, 3xx (redirects are never followed) and anything else -> ``OutcomeUnknownError``.
+* 5xx unless declared retryable (a proxy's 503 can follow a backend commit), 3xx
+  (redirects are never followed) and anything else -> ``OutcomeUnknownError``.
 * A URL template field that is missing, or a URL httpx refuses -> ``TerminalAdapterError``
   (nothing was sent, and no retry can fix the configuration).
 
@@ -35,7 +41,9 @@ Options (``[contract.adapter_options]``)::
     failed_status_values = ["failed"]        # status values meaning a committed failure
     timeout = "10s"                          # read/write
     connect_timeout = "2s"
-    retryable_statuses = [429, 503]
+    retryable_statuses = [429]               # add e.g. 503 only if the target
+                                             # documents it as "not committed"
+    in_progress_statuses = [409, 423]        # default with an idempotency_header
     terminal_statuses = [400, 402, 404, 409, 422]   # default: every other 4xx
     keep_alive = false
 """
@@ -85,6 +93,7 @@ _OPTIONS = frozenset(
         "timeout",
         "connect_timeout",
         "retryable_statuses",
+        "in_progress_statuses",
         "terminal_statuses",
         "keep_alive",
     }
@@ -152,14 +161,37 @@ class HttpAdapter(EffectAdapter):
         self.failed_status_values = frozenset(
             str(v) for v in self._list(options, "failed_status_values", [])
         )
+        # Only an answer that proves non-commit may be retryable by default: 429 is
+        # refused before processing, but a proxy's 503 can arrive after the backend
+        # committed (issue 9, defect 4). Anything else must be declared per contract.
         self.retryable_statuses = frozenset(
-            self._statuses(options, "retryable_statuses", [429, 503])
+            self._statuses(options, "retryable_statuses", [429])
+        )
+        # "Key in use / in progress" to a same-key resend: this request was not
+        # applied and the earlier one may still commit, so retry later with the same
+        # key - never a final failure (issue 9, defect 3). Only with a deduplicating
+        # key: without one, a later resend would be a second charge.
+        if "in_progress_statuses" in options and not self.idempotency_header:
+            raise ConfigurationError(
+                "adapter_options.in_progress_statuses needs an idempotency_header",
+                contract=contract.name,
+            )
+        self.in_progress_statuses = frozenset(
+            self._statuses(
+                options,
+                "in_progress_statuses",
+                [409, 423] if self.idempotency_header else [],
+            )
         )
         explicit_terminal = "terminal_statuses" in options
         self.terminal_statuses = frozenset(
             self._statuses(options, "terminal_statuses", [])
             if explicit_terminal
-            else (s for s in range(400, 500) if s not in self.retryable_statuses)
+            else (
+                s
+                for s in range(400, 500)
+                if s not in self.retryable_statuses | self.in_progress_statuses
+            )
         )
         self._url_fields = _template_fields(self.url, "url")
         self._probe_fields = (
@@ -361,6 +393,14 @@ class HttpAdapter(EffectAdapter):
                 f"HTTP {status}: the target documents this as not committed",
                 adapter=self.name,
                 http_status=status,
+            )
+        if status in self.in_progress_statuses:
+            raise RetryableAdapterError(
+                f"HTTP {status}: a request with this key is in progress; this one "
+                "was not applied, retry later with the same key",
+                adapter=self.name,
+                http_status=status,
+                reason="key_in_use",
             )
         if status in self.terminal_statuses:
             raise TerminalAdapterError(

@@ -269,7 +269,9 @@ def test_failure_while_writing_the_body_is_unknown(
 @pytest.mark.parametrize(
     ("status", "error"),
     [
-        (503, RetryableAdapterError),
+        # Issue 9, defect 4: a proxy's 503 can arrive after the backend committed, so
+        # only 429 proves non-commit by default (503 was retryable before).
+        (503, OutcomeUnknownError),
         (429, RetryableAdapterError),
         (422, TerminalAdapterError),
         (400, TerminalAdapterError),
@@ -286,6 +288,76 @@ def test_status_codes_are_classified(
     with adapter_for(f"{server.url}/charges") as adapter, pytest.raises(error):
         dispatch(adapter)
     assert (server.connections, len(server.requests)) == (1, 1)  # no retry, no redirect
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_5xx_is_retryable_only_when_the_contract_declares_it(
+    serve: Callable[..., ScriptedServer], status: int
+) -> None:
+    # Given a target whose contract documents this 5xx as "not committed"
+    server = serve(respond(status, b'{"error": "x"}'))
+    url = f"{server.url}/charges"
+    with (
+        adapter_for(url, retryable_statuses=[429, status]) as adapter,
+        pytest.raises(RetryableAdapterError) as caught,
+    ):
+        dispatch(adapter)
+    assert caught.value.details["http_status"] == status
+    # And without the declaration the same answer is unknown
+    with adapter_for(url) as adapter, pytest.raises(OutcomeUnknownError):
+        dispatch(adapter)
+    assert (server.connections, len(server.requests)) == (2, 2)
+
+
+@pytest.mark.parametrize("status", [409, 423])
+def test_key_in_use_answer_to_an_idempotent_contract_is_retry_later(
+    serve: Callable[..., ScriptedServer], status: int
+) -> None:
+    # Issue 9, defect 3: "request with this key in progress" answered to a same-key
+    # resend means this request was not applied; the earlier one may still commit,
+    # so it is never a final failure.
+    server = serve(respond(status, b'{"error": "idempotency_key_in_use"}'))
+    with (
+        adapter_for(f"{server.url}/charges", "idempotent") as adapter,
+        pytest.raises(RetryableAdapterError) as caught,
+    ):
+        dispatch(adapter)
+    assert type(caught.value) is RetryableAdapterError
+    assert caught.value.details["reason"] == "key_in_use"
+    assert caught.value.details["http_status"] == status
+    assert (server.connections, len(server.requests)) == (1, 1)
+
+
+def test_in_progress_statuses_can_be_declared_and_other_4xx_stay_terminal(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    server = serve(respond(425, b'{"error": "in_progress"}'))
+    url = f"{server.url}/charges"
+    with (
+        adapter_for(url, "idempotent", in_progress_statuses=[425]) as adapter,
+        pytest.raises(RetryableAdapterError) as caught,
+    ):
+        dispatch(adapter)
+    assert caught.value.details["reason"] == "key_in_use"
+    # 409 is no longer declared "in progress": the default 4xx rule applies again
+    server.then = respond(409, b'{"error": "conflict"}')
+    with (
+        adapter_for(url, "idempotent", in_progress_statuses=[425]) as adapter,
+        pytest.raises(TerminalAdapterError),
+    ):
+        dispatch(adapter)
+
+
+def test_without_an_idempotency_key_409_is_no_key_in_use_answer(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    # Retrying after "in progress" is only safe when the key dedups the resend.
+    server = serve(respond(409, b'{"error": "idempotency_key_in_use"}'))
+    with (
+        adapter_for(f"{server.url}/charges") as adapter,
+        pytest.raises(TerminalAdapterError),
+    ):
+        dispatch(adapter)
 
 
 def test_explicit_terminal_statuses_leave_other_4xx_unknown(
@@ -456,6 +528,8 @@ def test_adapter_without_probe_url_answers_unknown() -> None:
         ("unsafe", {"retries": 3}, "unknown http adapter options"),
         ("unsafe", {"timeout": "10"}, "timeout"),
         ("unsafe", {"retryable_statuses": [200]}, "not 4xx/5xx"),
+        ("unsafe", {"in_progress_statuses": [409]}, "needs an idempotency_header"),
+        ("idempotent", {"in_progress_statuses": [302]}, "not 4xx/5xx"),
     ],
 )
 def test_contracts_that_claim_more_than_the_configuration_delivers_are_refused(
