@@ -7,8 +7,15 @@ environment proxies), and every failure is sorted by the one question that matte
 
 Classification (each row is tested with real sockets in tests/contract):
 
+* The send gate refuses (checked again on entry to the transport and right before
+  the first byte is written), or the attempt's time limit is already spent ->
+  ``SendRefusedError`` (a ``RetryableAdapterError``): nothing was sent.
 * ``ConnectError``, ``ConnectTimeout``, ``PoolTimeout`` -> ``RetryableAdapterError``:
   raised while opening the connection, so no byte of the request left this process.
+* The attempt's total time limit (``request.gate.remaining()``) spent while writing
+  or waiting for the answer -> ``OutcomeUnknownError(reason="attempt_time_limit")``:
+  every timeout is capped by it and a watchdog ends a trickling answer
+  (http_attempt.py).
 * ``WriteError``, ``WriteTimeout`` -> ``OutcomeUnknownError``: part of the request
   may have reached the target.
 * ``ReadTimeout``, ``ReadError``, ``RemoteProtocolError`` (reset or close after the
@@ -66,6 +73,12 @@ from effect_broker.adapters.base import (
     ProbeRequest,
     ProbeResult,
 )
+from effect_broker.adapters.http_attempt import (
+    EXTENSION,
+    AttemptGuard,
+    AttemptTimeLimitError,
+    GatedTransport,
+)
 from effect_broker.domain.canonical import canonical_json, parse_json_strict
 from effect_broker.domain.contracts import EffectContract, parse_duration
 from effect_broker.domain.errors import (
@@ -73,6 +86,7 @@ from effect_broker.domain.errors import (
     InvalidJsonError,
     OutcomeUnknownError,
     RetryableAdapterError,
+    SendRefusedError,
     TerminalAdapterError,
 )
 from effect_broker.domain.keys import operation_key_digest
@@ -210,11 +224,16 @@ class HttpAdapter(EffectAdapter):
         # turns a request it never read into an ambiguous failure (the stale
         # keep-alive race), which for an unsafe target means manual review.
         limits = httpx.Limits(max_keepalive_connections=10 if keep_alive else 0)
+        self._timeout = httpx.Timeout(timeout, connect=connect, pool=connect)
         self._client = httpx.Client(
             # retries=0: httpx's only retry is on connect, but "no hidden retry
-            # layers" (spec MVP scope) is a rule, not a default we rely on.
-            transport=transport or httpx.HTTPTransport(retries=0, limits=limits),
-            timeout=httpx.Timeout(timeout, connect=connect, pool=connect),
+            # layers" (spec MVP scope) is a rule, not a default we rely on. The gate
+            # wraps whatever transport is used, so the check at the wire is never
+            # skipped (http_attempt.py).
+            transport=GatedTransport(
+                transport or httpx.HTTPTransport(retries=0, limits=limits)
+            ),
+            timeout=self._timeout,
             follow_redirects=False,
             # An environment proxy would answer for the target (a 502 for what was a
             # refused connection) and silently change every classification below.
@@ -328,10 +347,29 @@ class HttpAdapter(EffectAdapter):
         if self.correlation_header:
             headers[self.correlation_header] = request.downstream_key
         body = canonical_json(dict(request.arguments))
-        try:
-            response = self._client.request(
-                self.method, url, content=body, headers=headers
+        guard = AttemptGuard(request.gate)
+        if guard.spent():
+            raise SendRefusedError(
+                "the attempt's time limit was spent before anything was sent",
+                adapter=self.name,
             )
+        outgoing = self._client.build_request(
+            self.method,
+            url,
+            content=body,
+            headers=headers,
+            timeout=guard.cap(self._timeout),
+            extensions={EXTENSION: guard},
+        )
+        try:
+            response = self._client.send(outgoing, stream=True)
+            try:
+                content = guard.read(response)
+            finally:
+                response.close()
+        except AttemptTimeLimitError as exc:
+            self._log(request, "time_limit", None)
+            raise self._time_limit() from exc
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             # Raised while opening the connection (httpcore maps the socket's
             # OSError/timeout in connect_tcp to these): the request was never written.
@@ -350,21 +388,37 @@ class HttpAdapter(EffectAdapter):
         except httpx.HTTPError as exc:
             # WriteError/WriteTimeout, ReadError/ReadTimeout, RemoteProtocolError:
             # bytes may have reached the target (spec rule 3).
+            # The watchdog ended it, or a timeout capped by the limit did: the
+            # limit, not the target.
+            if guard.expired or guard.spent():
+                self._log(request, "time_limit", None)
+                raise self._time_limit() from exc
             self._log(request, "no_answer", None)
             raise OutcomeUnknownError(
                 f"{type(exc).__name__} after the request began; the outcome is unknown",
                 adapter=self.name,
                 reason=type(exc).__name__,
             ) from exc
-        return self._classify(request, response)
+        finally:
+            guard.finish()
+        return self._classify(request, response, content)
+
+    def _time_limit(self) -> OutcomeUnknownError:
+        # The request may have been written (or half written): never retryable.
+        return OutcomeUnknownError(
+            "the attempt's time limit was spent before the answer arrived; the outcome "
+            "is unknown",
+            adapter=self.name,
+            reason="attempt_time_limit",
+        )
 
     def _classify(
-        self, request: DispatchRequest, response: httpx.Response
+        self, request: DispatchRequest, response: httpx.Response, content: bytes
     ) -> DispatchResult:
         status = response.status_code
         self._log(request, "answered", status)
         if 200 <= status <= 299:
-            document = self._json_object(response)
+            document = self._json_object(content)
             if document is None:
                 raise OutcomeUnknownError(
                     f"HTTP {status} without a JSON object; cannot read the outcome",
@@ -416,9 +470,9 @@ class HttpAdapter(EffectAdapter):
         )
 
     @staticmethod
-    def _json_object(response: httpx.Response) -> Mapping[str, Any] | None:
+    def _json_object(content: bytes) -> Mapping[str, Any] | None:
         try:
-            document = parse_json_strict(response.content)
+            document = parse_json_strict(content)
         except InvalidJsonError:
             return None
         return document if isinstance(document, dict) else None
@@ -442,7 +496,9 @@ class HttpAdapter(EffectAdapter):
             # probe_url would also 404, which is why the conformance suite demands a
             # COMMITTED probe for a settled commit before this adapter is trusted.
             return ProbeResult(status=ProbeStatus.NOT_COMMITTED, evidence=evidence)
-        document = self._json_object(response) if response.status_code == 200 else None
+        document = (
+            self._json_object(response.content) if response.status_code == 200 else None
+        )
         if document is None:
             return ProbeResult(status=ProbeStatus.UNKNOWN, evidence=evidence)
         return ProbeResult(

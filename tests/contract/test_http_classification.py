@@ -7,10 +7,13 @@ requests at the server: one dispatch is exactly one request (no hidden retries).
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from datetime import timedelta
 from typing import Any
 
@@ -26,6 +29,7 @@ from effect_broker.domain.errors import (
     ConfigurationError,
     OutcomeUnknownError,
     RetryableAdapterError,
+    SendRefusedError,
     TerminalAdapterError,
 )
 from effect_broker.domain.records import EffectRecord
@@ -538,3 +542,159 @@ def test_contracts_that_claim_more_than_the_configuration_delivers_are_refused(
     url = str(options.pop("url", "http://127.0.0.1:1/c"))
     with pytest.raises(ConfigurationError, match=message):
         adapter_for(url, safety, **options)
+
+
+# --- the send gate and the attempt's total time limit -----------------------------------
+
+
+class ScriptedGate:
+    """A send gate that refuses from its ``refuse_from``-th check on, and whose
+    attempt time limit is ``limit`` seconds from its creation."""
+
+    def __init__(self, refuse_from: int | None = None, limit: float = math.inf) -> None:
+        self.refuse_from = refuse_from
+        self.checks = 0
+        self.deadline = time.monotonic() + limit
+
+    def check(self) -> None:
+        self.checks += 1
+        if self.refuse_from is not None and self.checks >= self.refuse_from:
+            raise SendRefusedError("scripted: the lease cannot be proved")
+
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+
+def gated_dispatch(adapter: HttpAdapter, gate: ScriptedGate) -> DispatchResult:
+    request = DispatchRequest(
+        record(adapter), ARGUMENTS, "attempt-1", adapter.contract, gate=gate
+    )
+    return adapter.dispatch(request)
+
+
+def answer_if_asked(conn: socket.socket, stop: threading.Event) -> None:
+    # A client that connected and sent nothing has already gone: nothing to answer.
+    with suppress(OSError):
+        respond(200, b'{"id": "ch_1"}')(conn, stop)
+
+
+def settle(server: ScriptedServer) -> None:
+    """Wait until the server has taken every connection the client opened."""
+    time.sleep(0.2)
+    deadline = time.monotonic() + 5
+    while len(server.requests) < server.connections:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_a_refusing_gate_is_checked_at_the_socket_and_sends_zero_bytes(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    # Given gates that refuse from the 1st, 2nd, ... check on, until one lets the
+    # request through
+    outcomes: list[tuple[bool, int, list[bytes]]] = []
+    for refuse_from in range(1, 10):
+        server = serve(answer_if_asked)
+        with adapter_for(f"{server.url}/charges") as adapter:
+            try:
+                gated_dispatch(adapter, ScriptedGate(refuse_from))
+            except SendRefusedError:
+                refused = True
+            else:
+                refused = False
+        settle(server)
+        outcomes.append((refused, server.connections, list(server.requests)))
+        if not refused:
+            break
+    # Then every refusal reached the server with zero bytes ...
+    assert outcomes[-1][0] is False, "no gate ever let the request through"
+    assert outcomes[-1][2][0].endswith(canonical_json(ARGUMENTS))
+    refusals = outcomes[:-1]
+    assert refusals
+    for _, connections, requests in refusals:
+        assert requests == [b""] * connections
+    # ... the first before any connection (the base class) ...
+    assert refusals[0][1] == 0
+    # ... and the last with the connection open: checked after connect, right
+    # before the first byte is written
+    assert refusals[-1][1] == 1
+
+
+def test_a_spent_attempt_time_limit_sends_nothing(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    server = serve(answer_if_asked)
+    with (
+        adapter_for(f"{server.url}/charges") as adapter,
+        pytest.raises(SendRefusedError),
+    ):
+        gated_dispatch(adapter, ScriptedGate(limit=0.0))
+    settle(server)
+    assert server.requests == [b""] * server.connections
+
+
+def trickle(payload: bytes, interval: float = 0.05) -> Then:
+    """Answer ``payload`` one byte at a time: never idle long enough to time out."""
+
+    def then(conn: socket.socket, stop: threading.Event) -> None:
+        for byte in payload:
+            if stop.wait(interval):
+                return
+            try:
+                conn.sendall(bytes([byte]))
+            except OSError:
+                return  # the client gave up
+
+    return then
+
+
+BODY = b'{"id": "ch_1", "pad": "' + b"x" * 60 + b'"}'
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+
+
+def trickled_body(conn: socket.socket, stop: threading.Event) -> None:
+    conn.sendall(HEAD % len(BODY) + b"\r\n")
+    trickle(BODY)(conn, stop)
+
+
+def never_reads(conn: socket.socket, stop: threading.Event) -> None:
+    stop.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("then", "read", "arguments"),
+    [
+        (trickled_body, True, ARGUMENTS),
+        (
+            trickle(HEAD % len(BODY) + b"X-Pad: " + b"p" * 40 + b"\r\n\r\n" + BODY),
+            True,
+            ARGUMENTS,
+        ),
+        (hang, True, ARGUMENTS),
+        (never_reads, False, {**ARGUMENTS, "memo": "x" * (16 << 20)}),
+    ],
+    ids=["trickled-body", "trickled-headers", "never-answers", "never-reads"],
+)
+def test_an_attempt_ends_unknown_when_its_total_time_limit_is_spent(
+    serve: Callable[..., ScriptedServer],
+    then: Then,
+    read: bool,
+    arguments: dict[str, object],
+) -> None:
+    # Given a target that keeps the attempt busy for seconds (each byte in time for
+    # the 10s read/write timeouts) and an attempt allowed 0.6s in total
+    server = serve(then, read=read)
+    limit = 0.6
+    with adapter_for(f"{server.url}/charges", timeout="10s") as adapter:
+        gate = ScriptedGate(limit=limit)
+        request = DispatchRequest(
+            record(adapter), arguments, "attempt-1", adapter.contract, gate=gate
+        )
+        started = time.monotonic()
+        with pytest.raises(OutcomeUnknownError) as caught:
+            adapter.dispatch(request)
+        elapsed = time.monotonic() - started
+    # Then it gives up as unknown (bytes left) once the limit is spent, not later
+    assert caught.value.details["reason"] == "attempt_time_limit"
+    assert limit - 0.1 <= elapsed < limit + 0.8
+    assert server.connections == 1
