@@ -53,6 +53,9 @@ Options (``[contract.adapter_options]``)::
     in_progress_statuses = [409, 423]        # default with an idempotency_header
     terminal_statuses = [400, 402, 404, 409, 422]   # default: every other 4xx
     keep_alive = false
+    fencing_header = "X-Fencing-Token"      # optional: send the claim version (and
+              # the attempt id in X-Attempt-Id); a 4xx {"error": "stale_fencing_token"}
+              # is TerminalAdapterError(reason="stale_fencing_token")
 """
 
 from __future__ import annotations
@@ -110,8 +113,13 @@ _OPTIONS = frozenset(
         "in_progress_statuses",
         "terminal_statuses",
         "keep_alive",
+        "fencing_header",
     }
 )
+#: The error a fencing target answers to a stale token (examples/crash_matrix).
+STALE_FENCING_ERROR = "stale_fencing_token"
+#: Sent with the fencing token, for tracing an attempt at the target.
+ATTEMPT_ID_HEADER = "X-Attempt-Id"
 
 
 def _template_fields(template: str, option: str) -> frozenset[str]:
@@ -169,6 +177,15 @@ class HttpAdapter(EffectAdapter):
         self.method = self._text(options, "method", default="POST").upper()
         self.idempotency_header = self._text(options, "idempotency_header")
         self.correlation_header = self._text(options, "correlation_header")
+        self.fencing_header = self._text(options, "fencing_header")
+        if self.fencing_header and not (
+            self.idempotency_header or self.correlation_header
+        ):
+            raise ConfigurationError(
+                "adapter_options.fencing_header: the target fences per key, so it "
+                "needs an idempotency_header or a correlation_header",
+                contract=contract.name,
+            )
         self.probe_url = self._text(options, "probe_url")
         self.external_id_field = self._text(options, "external_id_field", default="id")
         self.status_field = self._text(options, "status_field")
@@ -346,6 +363,11 @@ class HttpAdapter(EffectAdapter):
             headers[self.idempotency_header] = request.downstream_key
         if self.correlation_header:
             headers[self.correlation_header] = request.downstream_key
+        if self.fencing_header:
+            # The claim version grows with every claim of the effect: a target that
+            # remembers the highest per key refuses a worker from an older claim.
+            headers[self.fencing_header] = str(request.fencing_token)
+            headers[ATTEMPT_ID_HEADER] = request.attempt_id
         body = canonical_json(dict(request.arguments))
         guard = AttemptGuard(request.gate)
         if guard.spent():
@@ -442,6 +464,15 @@ class HttpAdapter(EffectAdapter):
                         external_id=external_id,
                     )
             return DispatchResult(external_id=external_id, output=document)
+        if self._stale_fencing(status, content):
+            # A newer claim of this effect reached the target first; this worker's
+            # attempt is over (the engine fences its ledger write as well).
+            raise TerminalAdapterError(
+                f"HTTP {status}: the target saw a newer claim of this effect",
+                adapter=self.name,
+                http_status=status,
+                reason=STALE_FENCING_ERROR,
+            )
         if status in self.retryable_statuses:
             raise RetryableAdapterError(
                 f"HTTP {status}: the target documents this as not committed",
@@ -468,6 +499,17 @@ class HttpAdapter(EffectAdapter):
             adapter=self.name,
             http_status=status,
         )
+
+    @property
+    def sends_fencing_token(self) -> bool:
+        """True when the contract names a ``fencing_header``."""
+        return bool(self.fencing_header)
+
+    def _stale_fencing(self, status: int, content: bytes) -> bool:
+        if not self.fencing_header or not 400 <= status <= 499:
+            return False
+        document = self._json_object(content)
+        return document is not None and document.get("error") == STALE_FENCING_ERROR
 
     @staticmethod
     def _json_object(content: bytes) -> Mapping[str, Any] | None:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -417,6 +418,58 @@ def test_2xx_object_is_the_receipt_and_the_request_carries_key_and_canonical_bod
     assert body == canonical_json(ARGUMENTS)
 
 
+def test_a_fencing_header_carries_the_claim_version_and_the_attempt_id(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    server = serve(respond(200, b'{"id": "ch_1"}'))
+    with adapter_for(
+        f"{server.url}/charges", "idempotent", fencing_header="X-Fencing-Token"
+    ) as adapter:
+        effect = replace(record(adapter), version=7)
+        adapter.dispatch(
+            DispatchRequest(effect, ARGUMENTS, "attempt-9", adapter.contract)
+        )
+    head = server.requests[0].partition(b"\r\n\r\n")[0].decode()
+    headers = {
+        k.lower(): v.strip() for k, _, v in (x.partition(":") for x in head.split("\r\n"))
+    }
+    assert headers["x-fencing-token"] == "7"
+    assert headers["x-attempt-id"] == "attempt-9"
+
+
+def test_without_a_fencing_header_no_token_is_sent(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    server = serve(respond(200, b'{"id": "ch_1"}'))
+    with adapter_for(f"{server.url}/charges", "idempotent") as adapter:
+        dispatch(adapter)
+    head = server.requests[0].partition(b"\r\n\r\n")[0].lower()
+    assert b"x-fencing-token" not in head
+    assert b"x-attempt-id" not in head
+
+
+@pytest.mark.parametrize("safety", ["idempotent", "reconcilable"])
+def test_a_stale_fencing_token_refusal_is_terminal(
+    serve: Callable[..., ScriptedServer], safety: str
+) -> None:
+    # A 409 that would otherwise be "key in use" (retry later): the target says a
+    # newer claim of this effect exists, so this worker's attempt is over.
+    server = serve(respond(409, b'{"error": "stale_fencing_token"}'))
+    options: dict[str, object] = {"fencing_header": "X-Fencing-Token"}
+    if safety == "reconcilable":
+        options |= {
+            "correlation_header": "X-Correlation-Key",
+            "probe_url": f"{server.url}/charges?k={{downstream_key}}",
+        }
+    with (
+        adapter_for(f"{server.url}/charges", safety, **options) as adapter,
+        pytest.raises(TerminalAdapterError) as caught,
+    ):
+        dispatch(adapter)
+    assert caught.value.details["reason"] == "stale_fencing_token"
+    assert caught.value.details["http_status"] == 409
+
+
 def test_failed_status_value_is_terminal(serve: Callable[..., ScriptedServer]) -> None:
     server = serve(respond(200, b'{"id": "ch_1", "status": "failed"}'))
     url = f"{server.url}/charges"
@@ -534,6 +587,8 @@ def test_adapter_without_probe_url_answers_unknown() -> None:
         ("unsafe", {"retryable_statuses": [200]}, "not 4xx/5xx"),
         ("unsafe", {"in_progress_statuses": [409]}, "needs an idempotency_header"),
         ("idempotent", {"in_progress_statuses": [302]}, "not 4xx/5xx"),
+        ("unsafe", {"fencing_header": "X-Fencing-Token"}, "fences per key"),
+        ("idempotent", {"fencing_header": ""}, "fencing_header"),
     ],
 )
 def test_contracts_that_claim_more_than_the_configuration_delivers_are_refused(
