@@ -288,6 +288,7 @@ def test_expired_key_retention_lets_a_resend_create_a_second_effect() -> None:
         (Fault.TIMEOUT_BEFORE_COMMIT, OutcomeUnknownError, 1, 0),
         (Fault.LOSE_RESPONSE, OutcomeUnknownError, 1, 1),
         (Fault.TERMINAL, TerminalAdapterError, 1, 0),
+        (Fault.KEY_IN_USE, RetryableAdapterError, 1, 0),
     ],
 )
 def test_each_fault_is_classified_by_what_it_proves(
@@ -298,6 +299,19 @@ def test_each_fault_is_classified_by_what_it_proves(
     with pytest.raises(error):
         suite.dispatch(suite.new_effect())
     assert (target.requests, target.effect_count()) == (requests, rows)
+
+
+def test_key_in_use_is_retry_later_and_the_resend_commits_once() -> None:
+    # Issue 9, defect 3, as the HTTP adapter classifies a 409/423 to a same-key resend
+    suite, target = sim(SafetyClass.IDEMPOTENT)
+    effect = suite.new_effect()
+    target.inject(Fault.KEY_IN_USE)
+    caught = suite.expect(RetryableAdapterError, lambda: suite.dispatch(effect), "409")
+    assert caught.details["reason"] == "key_in_use"
+    assert target.effect_count(effect.downstream_key) == 0
+    suite.dispatch(effect)
+    suite.dispatch(effect)
+    assert target.effect_count(effect.downstream_key) == 1
 
 
 def test_unsafe_target_records_no_key_and_dedups_nothing() -> None:
