@@ -51,8 +51,10 @@ Options (``[contract.adapter_options]``)::
     retryable_statuses = [429]               # add e.g. 503 only if the target
                                              # documents it as "not committed"
     in_progress_statuses = [409, 423]        # default with an idempotency_header
-    terminal_statuses = [400, 402, 404, 409, 422]   # default: every other 4xx
-    keep_alive = false
+    terminal_statuses = [400, 402, 404, 422]   # default: every other 4xx; a
+              # status also listed as retryable or in progress is not terminal
+    keep_alive = false                       # a reused connection has the capped
+              # timeouts but no watchdog on the attempt's time limit (http_attempt.py)
     fencing_header = "X-Fencing-Token"      # optional: send the claim version (and
               # the attempt id in X-Attempt-Id); a 4xx {"error": "stale_fencing_token"}
               # is TerminalAdapterError(reason="stale_fencing_token")

@@ -12,14 +12,6 @@ Endpoints (JSON)::
                                  other body -> 422 idempotency_key_reused
     POST /reconcilable/charges   no dedup; stores X-Correlation-Key
     POST /unsafe/charges         no dedup, no lookup
-
-    Every create refuses a body shorter than its Content-Length (400 truncated_body,
-    nothing committed). Optional fencing (idempotent and reconcilable modes): a create
-    carrying ``X-Fencing-Token: N`` (a non-negative integer, the broker's claim
-    version) is refused with 409 stale_fencing_token and commits nothing when a higher
-    token was already seen for its key; the highest token per key is stored in the
-    ``fencing`` table, in the charge's own transaction. A malformed token is 400
-    invalid_fencing_token. ``X-Attempt-Id`` is accepted for tracing only.
     GET  /reconcilable/charges?correlation_key=K
                                  200 with the charge once it is older than
                                  --settlement-delay (DB clock), else 404 not_found
@@ -39,9 +31,18 @@ Endpoints (JSON)::
                                  drop_connection_after_commit,
                                  hang_after_commit (no answer for `seconds`, default
                                    30, then close),
-                                 slow_after_commit (answers after `seconds`),
+                                 slow_after_commit (answers after `seconds`,
+                                   default 30),
                                  fail_next_lookup (503 on the next lookup)
                                  `seconds` applies to that fault only.
+
+Every create refuses a body shorter than its Content-Length (400 truncated_body,
+nothing committed). Optional fencing (idempotent and reconcilable modes): a create
+carrying ``X-Fencing-Token: N`` (a non-negative integer, the broker's claim version)
+is refused with 409 stale_fencing_token and commits nothing when a higher token was
+already seen for its key; the highest token per key is kept in the ``fencing`` table,
+written in the charge's own transaction. A malformed token is 400
+invalid_fencing_token. ``X-Attempt-Id`` is accepted for tracing only.
 
 Usage: ``python -m examples.crash_matrix.target_service --database-url URL
 [--host 127.0.0.1] [--port 0] [--schema crash_target] [--settlement-delay 1s]
