@@ -142,6 +142,12 @@ class EffectAdapter(ABC):
     def __init__(self, contract: EffectContract) -> None:
         self.contract = contract
 
+    @property
+    def sends_fencing_token(self) -> bool:
+        """True when every attempt carries ``request.fencing_token`` to a target that
+        refuses a stale one (the conformance kit then checks that it does)."""
+        return False
+
     def dispatch(self, request: DispatchRequest) -> DispatchResult:
         """Execute the effect once with ``request.downstream_key``; never retry inside."""
         failpoints.hit("before_request_write", subject=_subject(request.effect))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Literal, Protocol, TypeVar
@@ -103,6 +103,7 @@ def make_effect_record(
     downstream_key: str,
     *,
     tenant_id: str = _TENANT_ID,
+    version: int = 1,
 ) -> EffectRecord:
     """A synthetic DISPATCHING effect row, as the dispatcher would hand it over."""
     now = datetime.now(UTC)
@@ -122,7 +123,7 @@ def make_effect_record(
         contract_version=contract.version,
         safety=contract.safety,
         status=EffectStatus.DISPATCHING,
-        version=1,
+        version=version,
         attempt_count=1,
         arguments_preview={},
         next_action_at=None,
@@ -194,6 +195,7 @@ CHECKS = (
     "check_negative_probe_only_after_settlement_bound",
     "check_unknown_probe_behaviour",
     "check_no_hidden_retries",
+    "check_stale_fencing_token_is_refused",
 )
 
 
@@ -405,6 +407,29 @@ class AdapterConformance:
             made = self.harness.effect_count(None) - effects_before
             expected = 0 if error is RetryableAdapterError else 1
             assert made == expected, f"{what}: {made} effect(s) committed, not {expected}"
+
+    def check_stale_fencing_token_is_refused(self) -> None:
+        """A newer claim commits; a later, older claim is refused and commits nothing."""
+        if not self.adapter.sends_fencing_token:
+            raise ConformanceSkip("the contract declares no fencing token")
+        older = self.new_effect()
+        newer = replace(older, version=older.version + 1)
+        self.dispatch(newer)
+        self._count(older.downstream_key, 1, "the newer claim committed")
+        before = self.harness.request_count()
+        # A worker paused since the older claim sends only now (issue 9, the zombie).
+        refused = self.expect(
+            TerminalAdapterError,
+            lambda: self.dispatch(older),
+            "an older claim after a newer one",
+        )
+        assert refused.details.get("reason") == "stale_fencing_token", (
+            f"an older claim was refused for {refused.details.get('reason')!r}, not "
+            "as a stale fencing token"
+        )
+        sent = self.harness.request_count() - before
+        assert sent == 1, f"the stale claim reached the target {sent} times, not once"
+        self._count(older.downstream_key, 1, "a stale claim must commit nothing")
 
     def run_all(self) -> list[CheckResult]:
         """Run every check on a reset target; collect passed/failed/skipped results."""

@@ -7,18 +7,31 @@ environment proxies), and every failure is sorted by the one question that matte
 
 Classification (each row is tested with real sockets in tests/contract):
 
+* The send gate refuses (checked again on entry to the transport and right before
+  the first byte is written), or the attempt's time limit is already spent ->
+  ``SendRefusedError`` (a ``RetryableAdapterError``): nothing was sent.
 * ``ConnectError``, ``ConnectTimeout``, ``PoolTimeout`` -> ``RetryableAdapterError``:
   raised while opening the connection, so no byte of the request left this process.
+* The attempt's total time limit (``request.gate.remaining()``) spent while writing
+  or waiting for the answer -> ``OutcomeUnknownError(reason="attempt_time_limit")``:
+  every timeout is capped by it and a watchdog ends a trickling answer
+  (http_attempt.py).
 * ``WriteError``, ``WriteTimeout`` -> ``OutcomeUnknownError``: part of the request
   may have reached the target.
 * ``ReadTimeout``, ``ReadError``, ``RemoteProtocolError`` (reset or close after the
   send) -> ``OutcomeUnknownError``.
 * 2xx with a JSON object -> ``DispatchResult``; 2xx with anything else ->
   ``OutcomeUnknownError`` (committed, but we cannot read what).
-* ``retryable_statuses`` (default 429, 503: what the target documents as "not
-  committed") -> ``RetryableAdapterError``.
+* ``retryable_statuses`` (default only 429: the one answer that proves non-commit;
+  anything else, e.g. a target's own 503, must be declared by the contract) ->
+  ``RetryableAdapterError``.
+* ``in_progress_statuses`` (default 409, 423 when an ``idempotency_header`` is set,
+  else none; "a request with this key is in progress") ->
+  ``RetryableAdapterError(reason="key_in_use")``: this request was not applied, the
+  earlier one may still commit, retry later with the same key.
 * ``terminal_statuses`` (default every other 4xx) -> ``TerminalAdapterError``.
-* 5xx, 3xx (redirects are never followed) and anything else -> ``OutcomeUnknownError``.
+* 5xx unless declared retryable (a proxy's 503 can follow a backend commit), 3xx
+  (redirects are never followed) and anything else -> ``OutcomeUnknownError``.
 * A URL template field that is missing, or a URL httpx refuses -> ``TerminalAdapterError``
   (nothing was sent, and no retry can fix the configuration).
 
@@ -35,9 +48,16 @@ Options (``[contract.adapter_options]``)::
     failed_status_values = ["failed"]        # status values meaning a committed failure
     timeout = "10s"                          # read/write
     connect_timeout = "2s"
-    retryable_statuses = [429, 503]
-    terminal_statuses = [400, 402, 404, 409, 422]   # default: every other 4xx
-    keep_alive = false
+    retryable_statuses = [429]               # add e.g. 503 only if the target
+                                             # documents it as "not committed"
+    in_progress_statuses = [409, 423]        # default with an idempotency_header
+    terminal_statuses = [400, 402, 404, 422]   # default: every other 4xx; a
+              # status also listed as retryable or in progress is not terminal
+    keep_alive = false                       # a reused connection has the capped
+              # timeouts but no watchdog on the attempt's time limit (http_attempt.py)
+    fencing_header = "X-Fencing-Token"      # optional: send the claim version (and
+              # the attempt id in X-Attempt-Id); a 4xx {"error": "stale_fencing_token"}
+              # is TerminalAdapterError(reason="stale_fencing_token")
 """
 
 from __future__ import annotations
@@ -58,6 +78,12 @@ from effect_broker.adapters.base import (
     ProbeRequest,
     ProbeResult,
 )
+from effect_broker.adapters.http_attempt import (
+    EXTENSION,
+    AttemptGuard,
+    AttemptTimeLimitError,
+    GatedTransport,
+)
 from effect_broker.domain.canonical import canonical_json, parse_json_strict
 from effect_broker.domain.contracts import EffectContract, parse_duration
 from effect_broker.domain.errors import (
@@ -65,6 +91,7 @@ from effect_broker.domain.errors import (
     InvalidJsonError,
     OutcomeUnknownError,
     RetryableAdapterError,
+    SendRefusedError,
     TerminalAdapterError,
 )
 from effect_broker.domain.keys import operation_key_digest
@@ -85,10 +112,16 @@ _OPTIONS = frozenset(
         "timeout",
         "connect_timeout",
         "retryable_statuses",
+        "in_progress_statuses",
         "terminal_statuses",
         "keep_alive",
+        "fencing_header",
     }
 )
+#: The error a fencing target answers to a stale token (examples/crash_matrix).
+STALE_FENCING_ERROR = "stale_fencing_token"
+#: Sent with the fencing token, for tracing an attempt at the target.
+ATTEMPT_ID_HEADER = "X-Attempt-Id"
 
 
 def _template_fields(template: str, option: str) -> frozenset[str]:
@@ -146,20 +179,52 @@ class HttpAdapter(EffectAdapter):
         self.method = self._text(options, "method", default="POST").upper()
         self.idempotency_header = self._text(options, "idempotency_header")
         self.correlation_header = self._text(options, "correlation_header")
+        self.fencing_header = self._text(options, "fencing_header")
+        if self.fencing_header and not (
+            self.idempotency_header or self.correlation_header
+        ):
+            raise ConfigurationError(
+                "adapter_options.fencing_header: the target fences per key, so it "
+                "needs an idempotency_header or a correlation_header",
+                contract=contract.name,
+            )
         self.probe_url = self._text(options, "probe_url")
         self.external_id_field = self._text(options, "external_id_field", default="id")
         self.status_field = self._text(options, "status_field")
         self.failed_status_values = frozenset(
             str(v) for v in self._list(options, "failed_status_values", [])
         )
+        # Only an answer that proves non-commit may be retryable by default: 429 is
+        # refused before processing, but a proxy's 503 can arrive after the backend
+        # committed (issue 9, defect 4). Anything else must be declared per contract.
         self.retryable_statuses = frozenset(
-            self._statuses(options, "retryable_statuses", [429, 503])
+            self._statuses(options, "retryable_statuses", [429])
+        )
+        # "Key in use / in progress" to a same-key resend: this request was not
+        # applied and the earlier one may still commit, so retry later with the same
+        # key - never a final failure (issue 9, defect 3). Only with a deduplicating
+        # key: without one, a later resend would be a second charge.
+        if "in_progress_statuses" in options and not self.idempotency_header:
+            raise ConfigurationError(
+                "adapter_options.in_progress_statuses needs an idempotency_header",
+                contract=contract.name,
+            )
+        self.in_progress_statuses = frozenset(
+            self._statuses(
+                options,
+                "in_progress_statuses",
+                [409, 423] if self.idempotency_header else [],
+            )
         )
         explicit_terminal = "terminal_statuses" in options
         self.terminal_statuses = frozenset(
             self._statuses(options, "terminal_statuses", [])
             if explicit_terminal
-            else (s for s in range(400, 500) if s not in self.retryable_statuses)
+            else (
+                s
+                for s in range(400, 500)
+                if s not in self.retryable_statuses | self.in_progress_statuses
+            )
         )
         self._url_fields = _template_fields(self.url, "url")
         self._probe_fields = (
@@ -178,11 +243,16 @@ class HttpAdapter(EffectAdapter):
         # turns a request it never read into an ambiguous failure (the stale
         # keep-alive race), which for an unsafe target means manual review.
         limits = httpx.Limits(max_keepalive_connections=10 if keep_alive else 0)
+        self._timeout = httpx.Timeout(timeout, connect=connect, pool=connect)
         self._client = httpx.Client(
             # retries=0: httpx's only retry is on connect, but "no hidden retry
-            # layers" (spec MVP scope) is a rule, not a default we rely on.
-            transport=transport or httpx.HTTPTransport(retries=0, limits=limits),
-            timeout=httpx.Timeout(timeout, connect=connect, pool=connect),
+            # layers" (spec MVP scope) is a rule, not a default we rely on. The gate
+            # wraps whatever transport is used, so the check at the wire is never
+            # skipped (http_attempt.py).
+            transport=GatedTransport(
+                transport or httpx.HTTPTransport(retries=0, limits=limits)
+            ),
+            timeout=self._timeout,
             follow_redirects=False,
             # An environment proxy would answer for the target (a 502 for what was a
             # refused connection) and silently change every classification below.
@@ -295,11 +365,35 @@ class HttpAdapter(EffectAdapter):
             headers[self.idempotency_header] = request.downstream_key
         if self.correlation_header:
             headers[self.correlation_header] = request.downstream_key
+        if self.fencing_header:
+            # The claim version grows with every claim of the effect: a target that
+            # remembers the highest per key refuses a worker from an older claim.
+            headers[self.fencing_header] = str(request.fencing_token)
+            headers[ATTEMPT_ID_HEADER] = request.attempt_id
         body = canonical_json(dict(request.arguments))
-        try:
-            response = self._client.request(
-                self.method, url, content=body, headers=headers
+        guard = AttemptGuard(request.gate)
+        if guard.spent():
+            raise SendRefusedError(
+                "the attempt's time limit was spent before anything was sent",
+                adapter=self.name,
             )
+        outgoing = self._client.build_request(
+            self.method,
+            url,
+            content=body,
+            headers=headers,
+            timeout=guard.cap(self._timeout),
+            extensions={EXTENSION: guard},
+        )
+        try:
+            response = self._client.send(outgoing, stream=True)
+            try:
+                content = guard.read(response)
+            finally:
+                response.close()
+        except AttemptTimeLimitError as exc:
+            self._log(request, "time_limit", None)
+            raise self._time_limit() from exc
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             # Raised while opening the connection (httpcore maps the socket's
             # OSError/timeout in connect_tcp to these): the request was never written.
@@ -318,21 +412,37 @@ class HttpAdapter(EffectAdapter):
         except httpx.HTTPError as exc:
             # WriteError/WriteTimeout, ReadError/ReadTimeout, RemoteProtocolError:
             # bytes may have reached the target (spec rule 3).
+            # The watchdog ended it, or a timeout capped by the limit did: the
+            # limit, not the target.
+            if guard.expired or guard.spent():
+                self._log(request, "time_limit", None)
+                raise self._time_limit() from exc
             self._log(request, "no_answer", None)
             raise OutcomeUnknownError(
                 f"{type(exc).__name__} after the request began; the outcome is unknown",
                 adapter=self.name,
                 reason=type(exc).__name__,
             ) from exc
-        return self._classify(request, response)
+        finally:
+            guard.finish()
+        return self._classify(request, response, content)
+
+    def _time_limit(self) -> OutcomeUnknownError:
+        # The request may have been written (or half written): never retryable.
+        return OutcomeUnknownError(
+            "the attempt's time limit was spent before the answer arrived; the outcome "
+            "is unknown",
+            adapter=self.name,
+            reason="attempt_time_limit",
+        )
 
     def _classify(
-        self, request: DispatchRequest, response: httpx.Response
+        self, request: DispatchRequest, response: httpx.Response, content: bytes
     ) -> DispatchResult:
         status = response.status_code
         self._log(request, "answered", status)
         if 200 <= status <= 299:
-            document = self._json_object(response)
+            document = self._json_object(content)
             if document is None:
                 raise OutcomeUnknownError(
                     f"HTTP {status} without a JSON object; cannot read the outcome",
@@ -356,11 +466,28 @@ class HttpAdapter(EffectAdapter):
                         external_id=external_id,
                     )
             return DispatchResult(external_id=external_id, output=document)
+        if self._stale_fencing(status, content):
+            # A newer claim of this effect reached the target first; this worker's
+            # attempt is over (the engine fences its ledger write as well).
+            raise TerminalAdapterError(
+                f"HTTP {status}: the target saw a newer claim of this effect",
+                adapter=self.name,
+                http_status=status,
+                reason=STALE_FENCING_ERROR,
+            )
         if status in self.retryable_statuses:
             raise RetryableAdapterError(
                 f"HTTP {status}: the target documents this as not committed",
                 adapter=self.name,
                 http_status=status,
+            )
+        if status in self.in_progress_statuses:
+            raise RetryableAdapterError(
+                f"HTTP {status}: a request with this key is in progress; this one "
+                "was not applied, retry later with the same key",
+                adapter=self.name,
+                http_status=status,
+                reason="key_in_use",
             )
         if status in self.terminal_statuses:
             raise TerminalAdapterError(
@@ -375,10 +502,21 @@ class HttpAdapter(EffectAdapter):
             http_status=status,
         )
 
+    @property
+    def sends_fencing_token(self) -> bool:
+        """True when the contract names a ``fencing_header``."""
+        return bool(self.fencing_header)
+
+    def _stale_fencing(self, status: int, content: bytes) -> bool:
+        if not self.fencing_header or not 400 <= status <= 499:
+            return False
+        document = self._json_object(content)
+        return document is not None and document.get("error") == STALE_FENCING_ERROR
+
     @staticmethod
-    def _json_object(response: httpx.Response) -> Mapping[str, Any] | None:
+    def _json_object(content: bytes) -> Mapping[str, Any] | None:
         try:
-            document = parse_json_strict(response.content)
+            document = parse_json_strict(content)
         except InvalidJsonError:
             return None
         return document if isinstance(document, dict) else None
@@ -402,7 +540,9 @@ class HttpAdapter(EffectAdapter):
             # probe_url would also 404, which is why the conformance suite demands a
             # COMMITTED probe for a settled commit before this adapter is trusted.
             return ProbeResult(status=ProbeStatus.NOT_COMMITTED, evidence=evidence)
-        document = self._json_object(response) if response.status_code == 200 else None
+        document = (
+            self._json_object(response.content) if response.status_code == 200 else None
+        )
         if document is None:
             return ProbeResult(status=ProbeStatus.UNKNOWN, evidence=evidence)
         return ProbeResult(

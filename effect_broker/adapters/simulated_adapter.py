@@ -5,7 +5,8 @@ benchmarks and the conformance suite. It keeps the truth the broker cannot see (
 ``rows`` and the ``requests`` that reached it), so a test can assert how many effects
 really happened. Faults are injected per target and model the failures of the spec's
 "sharp problem": a lost response after commit, an explicit rejection, a refused
-connection, a timeout before commit, a definitive refusal, and an unavailable lookup.
+connection, a timeout before commit, a definitive refusal, a key in use by another
+request, and an unavailable lookup.
 
 ``SimulatedAdapter`` talks to it through the ``EffectAdapter`` protocol and classifies
 each target-world failure the way a real adapter must (errors.py): only proof of
@@ -56,6 +57,9 @@ class Fault(StrEnum):
     TIMEOUT_BEFORE_COMMIT = "timeout_before_commit"
     #: A definitive refusal (4xx-like); retrying cannot succeed.
     TERMINAL = "terminal"
+    #: "A request with this key is in progress" (HTTP 409/423): this request was not
+    #: applied; retry later with the same key.
+    KEY_IN_USE = "key_in_use"
     #: The next lookup fails: the probe must come back UNKNOWN.
     PROBE_UNAVAILABLE = "probe_unavailable"
 
@@ -169,6 +173,8 @@ class SimulatedTarget:
                 raise TargetFailure("rejected")
             if fault is Fault.TERMINAL:
                 raise TargetFailure("refused")
+            if fault is Fault.KEY_IN_USE:
+                raise TargetFailure("key_in_use")
             if fault is Fault.TIMEOUT_BEFORE_COMMIT:
                 raise TargetFailure("no_response")
             row: SimulatedRow | None = None
@@ -287,7 +293,7 @@ class SimulatedAdapter(EffectAdapter):
     def _classify(
         self, failure: TargetFailure
     ) -> RetryableAdapterError | TerminalAdapterError | OutcomeUnknownError:
-        if failure.kind in {"connection_refused", "rejected"}:
+        if failure.kind in {"connection_refused", "rejected", "key_in_use"}:
             return RetryableAdapterError(
                 "the simulated target proved nothing committed",
                 adapter=self.name,

@@ -109,11 +109,21 @@ def classify_stripe_error(exc: Exception) -> AdapterError:
     if isinstance(exc, stripe.RateLimitError):
         # 429: refused before processing (Stripe documents it as safe to retry).
         return RetryableAdapterError("Stripe rate limited the request", **details)
+    if isinstance(exc, stripe.IdempotencyError) or status == 409:
+        # Same key, and Stripe did not apply this request: another request holds the
+        # key (409 idempotency_key_in_use, which the SDK raises as a plain APIError)
+        # or already used it (400 idempotency_error). The key may hold a committed
+        # intent, so this is never a final failure: retry later with the same key
+        # (issue 9, defect 3) and let the engine settle what the key holds.
+        return RetryableAdapterError(
+            "Stripe is holding this idempotency key for another request; retry later",
+            reason="key_in_use",
+            **details,
+        )
     if isinstance(
         exc,
         stripe.CardError
         | stripe.InvalidRequestError
-        | stripe.IdempotencyError
         | stripe.AuthenticationError
         | stripe.PermissionError,
     ):

@@ -18,10 +18,31 @@ Endpoints (JSON)::
     GET  /stats                  {"charges", "by_mode", "requests"}
     POST /admin/reset            truncate charges, zero counters, clear faults
     POST /admin/faults           {"fault": F, "times": n, "seconds": s}, F one of
-                                 reject_next (503 before the DB: "not committed"),
-                                 drop_connection_after_commit, hang_after_commit,
-                                 slow_after_commit (answers after `seconds`),
+                                 reject_next (429 rejected before the DB: the one
+                                   answer documented as "not committed"),
+                                 in_progress_next (409 idempotency_key_in_use, not
+                                   committed: "a request with this key is in
+                                   progress"),
+                                 terminal_next (400 rejected, not committed),
+                                 slow_commit (hold the charge's transaction open for
+                                   `seconds` (default 1) before committing, then
+                                   answer normally; with a shorter client read
+                                   timeout: a slow commit with a lost response),
+                                 drop_connection_after_commit,
+                                 hang_after_commit (no answer for `seconds`, default
+                                   30, then close),
+                                 slow_after_commit (answers after `seconds`,
+                                   default 30),
                                  fail_next_lookup (503 on the next lookup)
+                                 `seconds` applies to that fault only.
+
+Every create refuses a body shorter than its Content-Length (400 truncated_body,
+nothing committed). Optional fencing (idempotent and reconcilable modes): a create
+carrying ``X-Fencing-Token: N`` (a non-negative integer, the broker's claim version)
+is refused with 409 stale_fencing_token and commits nothing when a higher token was
+already seen for its key; the highest token per key is kept in the ``fencing`` table,
+written in the charge's own transaction. A malformed token is 400
+invalid_fencing_token. ``X-Attempt-Id`` is accepted for tracing only.
 
 Usage: ``python -m examples.crash_matrix.target_service --database-url URL
 [--host 127.0.0.1] [--port 0] [--schema crash_target] [--settlement-delay 1s]
@@ -56,6 +77,9 @@ from effect_broker.domain.contracts import parse_duration
 MODES = ("idempotent", "reconcilable", "unsafe")
 FAULTS = (
     "reject_next",
+    "in_progress_next",
+    "terminal_next",
+    "slow_commit",
     "drop_connection_after_commit",
     "hang_after_commit",
     "slow_after_commit",
@@ -79,7 +103,16 @@ CREATE INDEX IF NOT EXISTS charges_idempotency_key
     ON {schema}.charges (idempotency_key, created_at) WHERE mode = 'idempotent';
 CREATE INDEX IF NOT EXISTS charges_correlation_key
     ON {schema}.charges (correlation_key, created_at) WHERE mode = 'reconcilable';
+CREATE TABLE IF NOT EXISTS {schema}.fencing (
+    mode text NOT NULL,
+    key text NOT NULL,
+    token bigint NOT NULL,
+    PRIMARY KEY (mode, key)
+);
 """
+#: Seconds a fault waits when POST /admin/faults names none.
+_DEFAULT_SECONDS = {"slow_commit": 1.0}
+_TOKEN = re.compile(r"[0-9]{1,18}")
 
 
 class HttpError(Exception):
@@ -111,7 +144,7 @@ class TargetState:
         self.key_retention = key_retention
         self.requests = 0
         self.faults: dict[str, int] = {}
-        self.hang_seconds = 30.0
+        self.fault_seconds: dict[str, float] = {}
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._idle: queue.LifoQueue[psycopg.Connection[Any]] = queue.LifoQueue()
@@ -171,11 +204,44 @@ class TargetState:
         with self._lock:
             self.faults[fault] = self.faults.get(fault, 0) + times
             if seconds is not None:
-                self.hang_seconds = seconds
+                self.fault_seconds[fault] = seconds
             return self.faults[fault]
 
-    def create(self, mode: str, body: dict[str, Any], key: str | None) -> dict[str, Any]:
-        """Commit one charge (or return the deduplicated one); raise HttpError."""
+    def seconds(self, fault: str) -> float:
+        """How long ``fault`` waits (its own ``seconds``, or the default)."""
+        with self._lock:
+            return self.fault_seconds.get(fault, _DEFAULT_SECONDS.get(fault, 30.0))
+
+    def _fence(
+        self, conn: psycopg.Connection[Any], mode: str, key: str, token: int
+    ) -> None:
+        # Inside the charge's transaction: the token a refused request would have
+        # stored rolls back with it, and two racing claims serialise on the row.
+        stored = conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.fencing AS f (mode, key, token) VALUES (%s, %s, %s) "
+                "ON CONFLICT (mode, key) DO UPDATE SET token = EXCLUDED.token "
+                "WHERE f.token <= EXCLUDED.token RETURNING token"
+            ).format(self.schema),
+            [mode, key, token],
+        ).fetchone()
+        if stored is None:  # a newer claim was already seen for this key
+            raise HttpError(409, "stale_fencing_token")
+
+    def create(
+        self,
+        mode: str,
+        body: dict[str, Any],
+        key: str | None,
+        *,
+        token: int | None = None,
+        hold: float = 0.0,
+    ) -> dict[str, Any]:
+        """Commit one charge (or return the deduplicated one); raise HttpError.
+
+        ``token`` fences the key (refused if older than one already seen); ``hold``
+        keeps the transaction open that long after the insert, before the commit.
+        """
         body_hash = hashlib.sha256(
             json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
         ).digest()
@@ -193,6 +259,9 @@ class TargetState:
                     "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                     [f"{self.schema_name}:idempotent:{key}"],
                 )
+            if token is not None and key is not None:
+                self._fence(conn, mode, key, token)
+            if mode == "idempotent":
                 found = conn.execute(
                     sql.SQL(
                         "SELECT id, body_hash, amount_minor FROM {} WHERE mode = "
@@ -220,6 +289,10 @@ class TargetState:
                     amount,
                 ],
             )
+            if hold > 0:
+                # The charge is written but not committed: a caller that gives up
+                # now has lost the answer to a commit that is still to come.
+                self.stopping.wait(hold)
         return _charge(charge_id, amount)
 
     def lookup(self, correlation_key: str) -> dict[str, Any] | None:
@@ -255,7 +328,7 @@ class TargetState:
     def reset(self) -> None:
         """Truncate the table and forget counters and faults (tests only)."""
         with self.connection() as conn:
-            conn.execute(sql.SQL("TRUNCATE {}.charges").format(self.schema))
+            conn.execute(sql.SQL("TRUNCATE {0}.charges, {0}.fencing").format(self.schema))
         with self._lock:
             self.requests = 0
             self.faults.clear()
@@ -339,6 +412,11 @@ class TargetHandler(BaseHTTPRequestHandler):
         if not 0 <= length <= MAX_BODY:
             raise HttpError(413, "body_too_large")
         raw = self.rfile.read(length)
+        if len(raw) < length:
+            # The client closed before sending what it promised: a truncated body
+            # must never commit as a (smaller, or empty) charge.
+            self.close_connection = True
+            raise HttpError(400, "truncated_body")
         try:
             return raw, json.loads(raw) if raw else {}
         except ValueError as exc:
@@ -369,9 +447,13 @@ class TargetHandler(BaseHTTPRequestHandler):
         state = self.server.state
         state.count_request()
         _, body = self._read_body()
-        # Documented as "not committed": refused before the database is touched.
+        # Refused before the database is touched: nothing is committed.
         if state.take_fault("reject_next"):
-            raise HttpError(503, "unavailable")
+            raise HttpError(429, "rejected")
+        if state.take_fault("in_progress_next"):
+            raise HttpError(409, "idempotency_key_in_use")
+        if state.take_fault("terminal_next"):
+            raise HttpError(400, "rejected")
         if not isinstance(body, dict):
             raise HttpError(400, "body_must_be_an_object")
         key: str | None = None
@@ -381,19 +463,26 @@ class TargetHandler(BaseHTTPRequestHandler):
                 raise HttpError(400, "idempotency_key_required")
         elif mode == "reconcilable":
             key = self.headers.get("X-Correlation-Key") or None
-        charge = state.create(mode, body, key)
+        token_text = self.headers.get("X-Fencing-Token")
+        token: int | None = None
+        if token_text is not None:
+            if not _TOKEN.fullmatch(token_text.strip()):
+                raise HttpError(400, "invalid_fencing_token")
+            token = int(token_text)
+        hold = state.seconds("slow_commit") if state.take_fault("slow_commit") else 0.0
+        charge = state.create(mode, body, key, token=token, hold=hold)
         # The commit is done; the faults below lose the answer, never the charge.
         if state.take_fault("drop_connection_after_commit"):
             self._drop()
             return None
         if state.take_fault("hang_after_commit"):
-            state.stopping.wait(state.hang_seconds)
+            state.stopping.wait(state.seconds("hang_after_commit"))
             self._drop()
             return None
         if state.take_fault("slow_after_commit"):
             # Committed, answered late: widens the window in which a kill of the
             # caller lands between the commit and the caller's receipt.
-            state.stopping.wait(state.hang_seconds)
+            state.stopping.wait(state.seconds("slow_after_commit"))
         return charge
 
     def _drop(self) -> None:

@@ -84,7 +84,9 @@ def simulated_suite(
     return AdapterConformance(adapter, SimulatedHarness(target))
 
 
-def http_contract(target: TargetProcess, safety: SafetyClass) -> EffectContract:
+def http_contract(
+    target: TargetProcess, safety: SafetyClass, fencing_header: str = "X-Fencing-Token"
+) -> EffectContract:
     options: dict[str, object] = {
         "url": f"{target.url}/{safety.value}/charges",
         "timeout": "5s",
@@ -97,6 +99,9 @@ def http_contract(target: TargetProcess, safety: SafetyClass) -> EffectContract:
         options["probe_url"] = (
             f"{target.url}/reconcilable/charges?correlation_key={{downstream_key}}"
         )
+    if safety is not SafetyClass.UNSAFE:
+        # The target fences per key; an unsafe target takes none.
+        options["fencing_header"] = fencing_header
     return contract(safety, "http", timedelta(seconds=1), **options)
 
 
@@ -148,6 +153,7 @@ def test_run_all_reports_each_check_once() -> None:
         "check_negative_probe_only_after_settlement_bound": "passed",
         "check_unknown_probe_behaviour": "passed",
         "check_no_hidden_retries": "passed",
+        "check_stale_fencing_token_is_refused": "skipped",
     }
 
 
@@ -213,6 +219,25 @@ def test_suite_fails_a_broken_adapter(
         getattr(suite, check)()
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("safety", [SafetyClass.IDEMPOTENT, SafetyClass.RECONCILABLE])
+def test_suite_fails_a_fencing_header_the_target_does_not_read(
+    target: TargetProcess, safety: SafetyClass
+) -> None:
+    # Given a contract that declares fencing under a header the target ignores
+    declared = http_contract(target, safety, fencing_header="X-Not-Read-By-Target")
+    with HttpAdapter(declared) as adapter:
+        suite = AdapterConformance(adapter, target.harness())
+        # Then the older claim is not refused, and the check says so
+        with pytest.raises(AssertionError, match="an older claim after a newer one"):
+            suite.check_stale_fencing_token_is_refused()
+
+
+def test_fencing_check_skips_a_contract_without_fencing() -> None:
+    with pytest.raises(ConformanceSkip, match="declares no fencing token"):
+        simulated_suite(SafetyClass.IDEMPOTENT).check_stale_fencing_token_is_refused()
+
+
 def test_suite_fails_a_contract_whose_bound_is_shorter_than_the_target() -> None:
     # Given a target that settles in 300ms and a contract that claims 100ms
     target = SimulatedTarget(
@@ -263,6 +288,7 @@ def test_expired_key_retention_lets_a_resend_create_a_second_effect() -> None:
         (Fault.TIMEOUT_BEFORE_COMMIT, OutcomeUnknownError, 1, 0),
         (Fault.LOSE_RESPONSE, OutcomeUnknownError, 1, 1),
         (Fault.TERMINAL, TerminalAdapterError, 1, 0),
+        (Fault.KEY_IN_USE, RetryableAdapterError, 1, 0),
     ],
 )
 def test_each_fault_is_classified_by_what_it_proves(
@@ -273,6 +299,19 @@ def test_each_fault_is_classified_by_what_it_proves(
     with pytest.raises(error):
         suite.dispatch(suite.new_effect())
     assert (target.requests, target.effect_count()) == (requests, rows)
+
+
+def test_key_in_use_is_retry_later_and_the_resend_commits_once() -> None:
+    # Issue 9, defect 3, as the HTTP adapter classifies a 409/423 to a same-key resend
+    suite, target = sim(SafetyClass.IDEMPOTENT)
+    effect = suite.new_effect()
+    target.inject(Fault.KEY_IN_USE)
+    caught = suite.expect(RetryableAdapterError, lambda: suite.dispatch(effect), "409")
+    assert caught.details["reason"] == "key_in_use"
+    assert target.effect_count(effect.downstream_key) == 0
+    suite.dispatch(effect)
+    suite.dispatch(effect)
+    assert target.effect_count(effect.downstream_key) == 1
 
 
 def test_unsafe_target_records_no_key_and_dedups_nothing() -> None:

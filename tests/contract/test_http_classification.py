@@ -7,10 +7,14 @@ requests at the server: one dispatch is exactly one request (no hidden retries).
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
+from contextlib import suppress
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -26,6 +30,7 @@ from effect_broker.domain.errors import (
     ConfigurationError,
     OutcomeUnknownError,
     RetryableAdapterError,
+    SendRefusedError,
     TerminalAdapterError,
 )
 from effect_broker.domain.records import EffectRecord
@@ -269,7 +274,9 @@ def test_failure_while_writing_the_body_is_unknown(
 @pytest.mark.parametrize(
     ("status", "error"),
     [
-        (503, RetryableAdapterError),
+        # Issue 9, defect 4: a proxy's 503 can arrive after the backend committed, so
+        # only 429 proves non-commit by default (503 was retryable before).
+        (503, OutcomeUnknownError),
         (429, RetryableAdapterError),
         (422, TerminalAdapterError),
         (400, TerminalAdapterError),
@@ -286,6 +293,76 @@ def test_status_codes_are_classified(
     with adapter_for(f"{server.url}/charges") as adapter, pytest.raises(error):
         dispatch(adapter)
     assert (server.connections, len(server.requests)) == (1, 1)  # no retry, no redirect
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_5xx_is_retryable_only_when_the_contract_declares_it(
+    serve: Callable[..., ScriptedServer], status: int
+) -> None:
+    # Given a target whose contract documents this 5xx as "not committed"
+    server = serve(respond(status, b'{"error": "x"}'))
+    url = f"{server.url}/charges"
+    with (
+        adapter_for(url, retryable_statuses=[429, status]) as adapter,
+        pytest.raises(RetryableAdapterError) as caught,
+    ):
+        dispatch(adapter)
+    assert caught.value.details["http_status"] == status
+    # And without the declaration the same answer is unknown
+    with adapter_for(url) as adapter, pytest.raises(OutcomeUnknownError):
+        dispatch(adapter)
+    assert (server.connections, len(server.requests)) == (2, 2)
+
+
+@pytest.mark.parametrize("status", [409, 423])
+def test_key_in_use_answer_to_an_idempotent_contract_is_retry_later(
+    serve: Callable[..., ScriptedServer], status: int
+) -> None:
+    # Issue 9, defect 3: "request with this key in progress" answered to a same-key
+    # resend means this request was not applied; the earlier one may still commit,
+    # so it is never a final failure.
+    server = serve(respond(status, b'{"error": "idempotency_key_in_use"}'))
+    with (
+        adapter_for(f"{server.url}/charges", "idempotent") as adapter,
+        pytest.raises(RetryableAdapterError) as caught,
+    ):
+        dispatch(adapter)
+    assert type(caught.value) is RetryableAdapterError
+    assert caught.value.details["reason"] == "key_in_use"
+    assert caught.value.details["http_status"] == status
+    assert (server.connections, len(server.requests)) == (1, 1)
+
+
+def test_in_progress_statuses_can_be_declared_and_other_4xx_stay_terminal(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    server = serve(respond(425, b'{"error": "in_progress"}'))
+    url = f"{server.url}/charges"
+    with (
+        adapter_for(url, "idempotent", in_progress_statuses=[425]) as adapter,
+        pytest.raises(RetryableAdapterError) as caught,
+    ):
+        dispatch(adapter)
+    assert caught.value.details["reason"] == "key_in_use"
+    # 409 is no longer declared "in progress": the default 4xx rule applies again
+    server.then = respond(409, b'{"error": "conflict"}')
+    with (
+        adapter_for(url, "idempotent", in_progress_statuses=[425]) as adapter,
+        pytest.raises(TerminalAdapterError),
+    ):
+        dispatch(adapter)
+
+
+def test_without_an_idempotency_key_409_is_no_key_in_use_answer(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    # Retrying after "in progress" is only safe when the key dedups the resend.
+    server = serve(respond(409, b'{"error": "idempotency_key_in_use"}'))
+    with (
+        adapter_for(f"{server.url}/charges") as adapter,
+        pytest.raises(TerminalAdapterError),
+    ):
+        dispatch(adapter)
 
 
 def test_explicit_terminal_statuses_leave_other_4xx_unknown(
@@ -339,6 +416,58 @@ def test_2xx_object_is_the_receipt_and_the_request_carries_key_and_canonical_bod
     assert headers["x-correlation-key"] == KEY
     assert headers["content-type"] == "application/json"
     assert body == canonical_json(ARGUMENTS)
+
+
+def test_a_fencing_header_carries_the_claim_version_and_the_attempt_id(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    server = serve(respond(200, b'{"id": "ch_1"}'))
+    with adapter_for(
+        f"{server.url}/charges", "idempotent", fencing_header="X-Fencing-Token"
+    ) as adapter:
+        effect = replace(record(adapter), version=7)
+        adapter.dispatch(
+            DispatchRequest(effect, ARGUMENTS, "attempt-9", adapter.contract)
+        )
+    head = server.requests[0].partition(b"\r\n\r\n")[0].decode()
+    headers = {
+        k.lower(): v.strip() for k, _, v in (x.partition(":") for x in head.split("\r\n"))
+    }
+    assert headers["x-fencing-token"] == "7"
+    assert headers["x-attempt-id"] == "attempt-9"
+
+
+def test_without_a_fencing_header_no_token_is_sent(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    server = serve(respond(200, b'{"id": "ch_1"}'))
+    with adapter_for(f"{server.url}/charges", "idempotent") as adapter:
+        dispatch(adapter)
+    head = server.requests[0].partition(b"\r\n\r\n")[0].lower()
+    assert b"x-fencing-token" not in head
+    assert b"x-attempt-id" not in head
+
+
+@pytest.mark.parametrize("safety", ["idempotent", "reconcilable"])
+def test_a_stale_fencing_token_refusal_is_terminal(
+    serve: Callable[..., ScriptedServer], safety: str
+) -> None:
+    # A 409 that would otherwise be "key in use" (retry later): the target says a
+    # newer claim of this effect exists, so this worker's attempt is over.
+    server = serve(respond(409, b'{"error": "stale_fencing_token"}'))
+    options: dict[str, object] = {"fencing_header": "X-Fencing-Token"}
+    if safety == "reconcilable":
+        options |= {
+            "correlation_header": "X-Correlation-Key",
+            "probe_url": f"{server.url}/charges?k={{downstream_key}}",
+        }
+    with (
+        adapter_for(f"{server.url}/charges", safety, **options) as adapter,
+        pytest.raises(TerminalAdapterError) as caught,
+    ):
+        dispatch(adapter)
+    assert caught.value.details["reason"] == "stale_fencing_token"
+    assert caught.value.details["http_status"] == 409
 
 
 def test_failed_status_value_is_terminal(serve: Callable[..., ScriptedServer]) -> None:
@@ -456,6 +585,10 @@ def test_adapter_without_probe_url_answers_unknown() -> None:
         ("unsafe", {"retries": 3}, "unknown http adapter options"),
         ("unsafe", {"timeout": "10"}, "timeout"),
         ("unsafe", {"retryable_statuses": [200]}, "not 4xx/5xx"),
+        ("unsafe", {"in_progress_statuses": [409]}, "needs an idempotency_header"),
+        ("idempotent", {"in_progress_statuses": [302]}, "not 4xx/5xx"),
+        ("unsafe", {"fencing_header": "X-Fencing-Token"}, "fences per key"),
+        ("idempotent", {"fencing_header": ""}, "fencing_header"),
     ],
 )
 def test_contracts_that_claim_more_than_the_configuration_delivers_are_refused(
@@ -464,3 +597,161 @@ def test_contracts_that_claim_more_than_the_configuration_delivers_are_refused(
     url = str(options.pop("url", "http://127.0.0.1:1/c"))
     with pytest.raises(ConfigurationError, match=message):
         adapter_for(url, safety, **options)
+
+
+# --- the send gate and the attempt's total time limit -----------------------------------
+
+
+class ScriptedGate:
+    """A send gate that refuses from its ``refuse_from``-th check on, and whose
+    attempt time limit is ``limit`` seconds from its creation."""
+
+    def __init__(self, refuse_from: int | None = None, limit: float = math.inf) -> None:
+        self.refuse_from = refuse_from
+        self.checks = 0
+        self.deadline = time.monotonic() + limit
+
+    def check(self) -> None:
+        self.checks += 1
+        if self.refuse_from is not None and self.checks >= self.refuse_from:
+            raise SendRefusedError("scripted: the lease cannot be proved")
+
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+
+def gated_dispatch(adapter: HttpAdapter, gate: ScriptedGate) -> DispatchResult:
+    request = DispatchRequest(
+        record(adapter), ARGUMENTS, "attempt-1", adapter.contract, gate=gate
+    )
+    return adapter.dispatch(request)
+
+
+def answer_if_asked(conn: socket.socket, stop: threading.Event) -> None:
+    # A client that connected and sent nothing has already gone: nothing to answer.
+    with suppress(OSError):
+        respond(200, b'{"id": "ch_1"}')(conn, stop)
+
+
+def settle(server: ScriptedServer) -> None:
+    """Wait until the server has taken every connection the client opened."""
+    time.sleep(0.2)
+    deadline = time.monotonic() + 5
+    while len(server.requests) < server.connections:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_a_refusing_gate_is_checked_at_the_socket_and_sends_zero_bytes(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    # Given gates that refuse from the 1st, 2nd, ... check on, until one lets the
+    # request through
+    outcomes: list[tuple[bool, int, list[bytes]]] = []
+    for refuse_from in range(1, 10):
+        server = serve(answer_if_asked)
+        with adapter_for(f"{server.url}/charges") as adapter:
+            try:
+                gated_dispatch(adapter, ScriptedGate(refuse_from))
+            except SendRefusedError:
+                refused = True
+            else:
+                refused = False
+        settle(server)
+        outcomes.append((refused, server.connections, list(server.requests)))
+        if not refused:
+            break
+    # Then every refusal reached the server with zero bytes ...
+    assert outcomes[-1][0] is False, "no gate ever let the request through"
+    assert outcomes[-1][2][0].endswith(canonical_json(ARGUMENTS))
+    refusals = outcomes[:-1]
+    assert refusals
+    for _, connections, requests in refusals:
+        assert requests == [b""] * connections
+    # ... the first before any connection (the base class) ...
+    assert refusals[0][1] == 0
+    # ... and the last with the connection open: checked after connect, right
+    # before the first byte is written
+    assert refusals[-1][1] == 1
+
+
+def test_a_spent_attempt_time_limit_sends_nothing(
+    serve: Callable[..., ScriptedServer],
+) -> None:
+    server = serve(answer_if_asked)
+    with (
+        adapter_for(f"{server.url}/charges") as adapter,
+        pytest.raises(SendRefusedError),
+    ):
+        gated_dispatch(adapter, ScriptedGate(limit=0.0))
+    settle(server)
+    assert server.requests == [b""] * server.connections
+
+
+def trickle(payload: bytes, interval: float = 0.05) -> Then:
+    """Answer ``payload`` one byte at a time: never idle long enough to time out."""
+
+    def then(conn: socket.socket, stop: threading.Event) -> None:
+        for byte in payload:
+            if stop.wait(interval):
+                return
+            try:
+                conn.sendall(bytes([byte]))
+            except OSError:
+                return  # the client gave up
+
+    return then
+
+
+BODY = b'{"id": "ch_1", "pad": "' + b"x" * 60 + b'"}'
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+
+
+def trickled_body(conn: socket.socket, stop: threading.Event) -> None:
+    conn.sendall(HEAD % len(BODY) + b"\r\n")
+    trickle(BODY)(conn, stop)
+
+
+def never_reads(conn: socket.socket, stop: threading.Event) -> None:
+    stop.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("then", "read", "arguments", "limit"),
+    [
+        (trickled_body, True, ARGUMENTS, 0.6),
+        (
+            trickle(HEAD % len(BODY) + b"X-Pad: " + b"p" * 40 + b"\r\n\r\n" + BODY),
+            True,
+            ARGUMENTS,
+            0.6,
+        ),
+        (hang, True, ARGUMENTS, 0.6),
+        # The limit runs from the claim, and encoding a 16 MiB body on a loaded
+        # machine can take most of a second before the first byte is written.
+        (never_reads, False, {**ARGUMENTS, "memo": "x" * (16 << 20)}, 3.0),
+    ],
+    ids=["trickled-body", "trickled-headers", "never-answers", "never-reads"],
+)
+def test_an_attempt_ends_unknown_when_its_total_time_limit_is_spent(
+    serve: Callable[..., ScriptedServer],
+    then: Then,
+    read: bool,
+    arguments: dict[str, object],
+    limit: float,
+) -> None:
+    # Given a target that keeps the attempt busy for 4s or more (each byte in time
+    # for the 10s read/write timeouts) and an attempt allowed less in total
+    server = serve(then, read=read)
+    with adapter_for(f"{server.url}/charges", timeout="10s") as adapter:
+        gate = ScriptedGate(limit=limit)
+        request = DispatchRequest(
+            record(adapter), arguments, "attempt-1", adapter.contract, gate=gate
+        )
+        with pytest.raises(OutcomeUnknownError) as caught:
+            adapter.dispatch(request)
+        elapsed = time.monotonic() - (gate.deadline - limit)
+    # Then it gives up as unknown (bytes left) once the limit is spent, not later
+    assert caught.value.details["reason"] == "attempt_time_limit"
+    assert limit <= elapsed < limit + 0.8
+    assert server.connections == 1

@@ -83,7 +83,10 @@ def error(status: int, kind: str) -> bytes:
     [
         (402, error(402, "card_error"), TerminalAdapterError),
         (400, error(400, "invalid_request_error"), TerminalAdapterError),
-        (400, error(400, "idempotency_error"), TerminalAdapterError),
+        # Issue 9, defect 3: an idempotency error answered to a same-key resend means
+        # this request was not applied and the key holds another one: retry later
+        # (it was terminal before, which ended failed_final over a held charge).
+        (400, error(400, "idempotency_error"), RetryableAdapterError),
         (429, error(429, "invalid_request_error"), RetryableAdapterError),
         (500, error(500, "api_error"), OutcomeUnknownError),
     ],
@@ -96,6 +99,39 @@ def test_stripe_answers_are_classified(
     with pytest.raises(expected):
         adapter.dispatch(request(adapter))
     assert server.connections == 1  # max_network_retries=0: no SDK retry
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (400, error(400, "idempotency_error")),
+        (
+            409,
+            json.dumps(
+                {
+                    "error": {
+                        "type": "idempotency_error",
+                        "code": "idempotency_key_in_use",
+                        "message": "There is currently another in-progress request",
+                    }
+                }
+            ).encode(),
+        ),
+    ],
+    ids=["idempotency-error", "key-in-use-409"],
+)
+def test_stripe_key_in_use_is_retry_later_not_terminal(
+    offline_key: None, stripe_at: object, status: int, body: bytes
+) -> None:
+    # Given Stripe answering a same-key resend with an idempotency conflict
+    adapter, server = stripe_at(respond(status, body))  # type: ignore[operator]
+    # Then the attempt is retry-later with the same key, never a final failure
+    with pytest.raises(RetryableAdapterError) as caught:
+        adapter.dispatch(request(adapter))
+    assert type(caught.value) is RetryableAdapterError
+    assert caught.value.details["reason"] == "key_in_use"
+    assert caught.value.details["http_status"] == status
+    assert server.connections == 1
 
 
 def test_stripe_connection_lost_after_send_is_unknown(
