@@ -299,6 +299,7 @@ def test_not_committed_past_the_retry_limit_is_refused_with_advice(bench) -> Non
 def test_idempotent_past_retention_not_committed_is_refused_with_advice(bench) -> None:
     # Given an idempotent effect in review because its key retention lapsed
     record = in_manual_review(bench)
+    bench.advance(60)  # and now past the retention itself, on the database's clock
     assert record.retention_deadline is not None
     assert record.retention_deadline < store.database_now(bench.clock.database_offset())
     before = snapshot(bench, record)
