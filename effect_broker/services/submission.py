@@ -20,7 +20,12 @@ from effect_broker.domain.errors import (
     TenantDisabledError,
     UnknownContractError,
 )
-from effect_broker.domain.keys import downstream_key, request_hash, validate_operation_key
+from effect_broker.domain.keys import (
+    derive_request_hash_key,
+    downstream_key,
+    keyed_request_hash,
+    validate_operation_key,
+)
 from effect_broker.domain.payload_crypto import encrypt, redacted_preview
 from effect_broker.domain.records import EffectRecord, EffectRequest, Reservation
 from effect_broker.models import Tenant
@@ -32,10 +37,32 @@ def arguments_aad(tenant_id: str, operation_key: str) -> bytes:
     return f"{tenant_id}\0{operation_key}\0arguments".encode()
 
 
+def request_hash_for(
+    master_key: bytes,
+    tenant_id: str,
+    *,
+    tool: str,
+    arguments: Mapping[str, object],
+    contract_name: str,
+    contract_version: str,
+) -> bytes:
+    """The stored request hash: HMAC under the tenant's key derived from the master key
+    (issue 9, defect 10: an unkeyed hash of the clear arguments leaked them)."""
+    return keyed_request_hash(
+        derive_request_hash_key(master_key, tenant_id),
+        tool=tool,
+        arguments=arguments,
+        contract_name=contract_name,
+        contract_version=contract_version,
+    )
+
+
 def _request_hash(
     rt: Runtime, tenant_id: str, request: EffectRequest, contract: EffectContract
 ) -> bytes:
-    return request_hash(
+    return request_hash_for(
+        rt.master_key,
+        tenant_id,
         tool=request.tool,
         arguments=request.arguments,
         contract_name=contract.name,
