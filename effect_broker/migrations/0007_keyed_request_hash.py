@@ -23,8 +23,9 @@ PRIVILEGED MAINTENANCE: the binding columns are immutable (0002), events append-
 and the commit-time fence (0006) with ``ALTER TABLE ... DISABLE TRIGGER``. That needs
 the table owner, takes ACCESS EXCLUSIVE locks (writes wait for the migration), and is
 undone by ``ENABLE TRIGGER`` before the same transaction commits, so no other session
-ever sees the triggers off. Rows are rewritten one by one: budget about a millisecond
-per effect on a large ledger.
+ever sees the triggers off. Rows are rewritten one at a time (a decrypt and an UPDATE
+per intent, an UPDATE per event of each effect whose reserved event carried the hash),
+with ledger writes waiting on the locks meanwhile: on a large ledger, plan a window.
 
 Reverse is a no-op: hashes stay keyed (code from before this migration would then treat
 a replay as a conflict, which writes and dispatches nothing).

@@ -20,7 +20,14 @@ from effect_broker.domain.errors import UnfencedWriteError
 from effect_broker.domain.ids import new_row_id
 from effect_broker.domain.records import EffectRequest
 from effect_broker.domain.states import EffectStatus
-from effect_broker.models import EffectEvent, EffectIntent, EffectReceipt
+from effect_broker.models import (
+    EffectAttempt,
+    EffectEvent,
+    EffectIntent,
+    EffectReceipt,
+    FencedQuerySet,
+    StaleWrite,
+)
 from effect_broker.services.submission import submit
 from effect_broker.store.ledger import ReceiptData, receipt, transition
 
@@ -75,6 +82,17 @@ def test_the_base_manager_is_the_fenced_manager(tenant) -> None:
             status="succeeded", version=F("version") + 1
         )
     assert committed_state(record.effect_id) == ("prepared", 1, 1, 0)
+
+
+@pytest.mark.parametrize(
+    "model", [EffectIntent, EffectAttempt, EffectReceipt, EffectEvent, StaleWrite]
+)
+def test_every_ledger_model_fences_its_base_manager_and_save_base(model) -> None:
+    assert isinstance(model._base_manager.all(), FencedQuerySet)
+    with pytest.raises(UnfencedWriteError):
+        model._base_manager.all().update(pk=None)
+    with pytest.raises(UnfencedWriteError):
+        model().save_base()
 
 
 def test_a_plain_queryset_update_with_a_version_bump_is_refused_at_commit(
