@@ -149,7 +149,8 @@ class EffectIntentAdmin(ReadOnlyAdmin):
     list_filter = ("status", "safety_class", "tool")
     list_select_related = ("tenant",)
     search_fields = ("operation_key",)
-    exclude = ("arguments_ciphertext", "downstream_key")
+    # request_hash: not for display, even keyed (issue 9, defect 10).
+    exclude = ("arguments_ciphertext", "downstream_key", "request_hash")
     actions = ("request_reconciliation", "resolve_mark_failed")
 
     @admin.display(boolean=True, description="needs operator")
@@ -397,6 +398,8 @@ def _report_refusals(
 @admin.register(EffectAttempt)
 class EffectAttemptAdmin(ReadOnlyAdmin):
     list_display = ("effect", "ordinal", "worker", "outcome", "started_at", "ended_at")
+    # An attempt's request_digest is the effect's request hash (issue 9, defect 10).
+    exclude = ("request_digest",)
 
 
 @admin.register(EffectReceipt)

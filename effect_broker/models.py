@@ -65,9 +65,17 @@ class LedgerModel(models.Model):
 
     class Meta:
         abstract = True
+        # Django's internal paths (``refresh_from_db``, related descriptors, and any
+        # ``Model._base_manager.update()``) use the base manager, not ``objects``; a
+        # plain Manager there would be an unfenced ``update()`` (issue 9, defect 9).
+        base_manager_name = "objects"
 
     def save(self, *args: Any, **kwargs: Any) -> NoReturn:
         _refuse(f"{type(self).__name__}.save()")
+
+    def save_base(self, *args: Any, **kwargs: Any) -> NoReturn:
+        # save() is not the only entry: save_base() writes the row without it.
+        _refuse(f"{type(self).__name__}.save_base()")
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         _refuse(f"{type(self).__name__}.delete()")
@@ -130,7 +138,7 @@ class EffectIntent(LedgerModel):
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
 
-    class Meta:
+    class Meta(LedgerModel.Meta):
         db_table = "effect_intents"
         # Operator authority (issue 9, defect 5): resolving or forking an effect is
         # its own privilege, not "may edit intents"; the admin, the CLI (--as) and the
@@ -191,7 +199,7 @@ class EffectAttempt(LedgerModel):
     outcome = models.TextField(default="", blank=True)
     bytes_may_have_left = models.BooleanField(default=False)
 
-    class Meta:
+    class Meta(LedgerModel.Meta):
         db_table = "effect_attempts"
         constraints = [
             models.UniqueConstraint(
@@ -220,7 +228,7 @@ class EffectReceipt(LedgerModel):
     downstream_key_digest = models.TextField()
     created_at = models.DateTimeField()
 
-    class Meta:
+    class Meta(LedgerModel.Meta):
         db_table = "effect_receipts"
 
     def __str__(self) -> str:
@@ -246,7 +254,7 @@ class EffectEvent(LedgerModel):
     prev_digest = models.BinaryField()
     digest = models.BinaryField()
 
-    class Meta:
+    class Meta(LedgerModel.Meta):
         db_table = "effect_events"
         ordering = ["effect", "sequence"]
         constraints = [
@@ -276,7 +284,7 @@ class StaleWrite(LedgerModel):
     attempted = models.TextField()
     occurred_at = models.DateTimeField()
 
-    class Meta:
+    class Meta(LedgerModel.Meta):
         db_table = "effect_stale_writes"
 
     def __str__(self) -> str:

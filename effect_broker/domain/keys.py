@@ -1,11 +1,17 @@
 """Request hashes, tenant HMAC keys and downstream idempotency keys.
 
-Spec "Operation identity and payload binding":
+Spec "Operation identity and payload binding", as amended by issue 9 (defect 10):
 
-    request_hash = SHA-256(
+    request_hash = HMAC-SHA-256(request_hash_key(tenant),
         canonical_json({tool, arguments, contract_name, contract_version}))
     downstream_key = base64url(
         HMAC-SHA-256(tenant_key, tenant_id + "\\0" + operation_key))
+
+The stored hash is keyed: an unkeyed SHA-256 of the clear arguments let anyone holding
+one row of a dump brute-force a redacted field (a card number with known BIN and last
+four fell in 0.3 s), and made equal payloads of two tenants collide. The key is derived
+per tenant from the master key under its own HKDF label, distinct from the
+downstream-key HMAC key's.
 
 The identity of an effect is ``(tenant_id, operation_key)``, never a hash of the
 arguments: two identical $10 refunds may both be legitimate. The request hash only binds
@@ -37,6 +43,22 @@ MAX_OPERATION_KEY_LENGTH = 200
 TENANT_HMAC_INFO_PREFIX = b"effect-broker/tenant-hmac/v1\0"
 """HKDF ``info`` prefix for tenant HMAC keys; the hmac_key_id follows it."""
 
+REQUEST_HASH_INFO_PREFIX = b"effect-broker/request-hash/v1\0"
+"""HKDF ``info`` prefix for tenant request-hash keys; the tenant id follows it."""
+
+
+def _request_document(
+    tool: str, arguments: Mapping[str, object], contract_name: str, contract_version: str
+) -> bytes:
+    return canonical_json(
+        {
+            "tool": tool,
+            "arguments": arguments,
+            "contract_name": contract_name,
+            "contract_version": contract_version,
+        }
+    )
+
 
 def request_hash(
     *,
@@ -45,14 +67,47 @@ def request_hash(
     contract_name: str,
     contract_version: str,
 ) -> bytes:
-    """Return the 32-byte SHA-256 binding a payload to its tool and pinned contract."""
-    document = {
-        "tool": tool,
-        "arguments": arguments,
-        "contract_name": contract_name,
-        "contract_version": contract_version,
-    }
-    return hashlib.sha256(canonical_json(document)).digest()
+    """Return the UNKEYED SHA-256 of the request document (synthetic records only).
+
+    Never persist it: anyone with the stored value can brute-force low-entropy
+    arguments. The ledger stores ``keyed_request_hash``.
+    """
+    return hashlib.sha256(
+        _request_document(tool, arguments, contract_name, contract_version)
+    ).digest()
+
+
+def derive_request_hash_key(master_key: bytes, tenant_id: str) -> bytes:
+    """Derive a tenant's 32-byte request-hash key from the master key (HKDF-SHA256)."""
+    _check_master_key(master_key)
+    # Keyed by tenant id, not by hmac_key_id: rotating the downstream-key HMAC key must
+    # not turn every replay into a conflict. A label of its own keeps the two keys
+    # independent (one never reveals the other).
+    return HKDF(
+        algorithm=hashes.SHA256(),
+        length=32,
+        salt=None,
+        info=REQUEST_HASH_INFO_PREFIX + tenant_id.encode("utf-8"),
+    ).derive(master_key)
+
+
+def keyed_request_hash(
+    request_key: bytes,
+    *,
+    tool: str,
+    arguments: Mapping[str, object],
+    contract_name: str,
+    contract_version: str,
+) -> bytes:
+    """Return the 32-byte HMAC-SHA256 binding a payload to its tool and pinned contract
+    under a tenant's request-hash key (``derive_request_hash_key``)."""
+    if not isinstance(request_key, bytes) or len(request_key) < MIN_TENANT_KEY_BYTES:
+        raise ConfigurationError(
+            f"request-hash key must be at least {MIN_TENANT_KEY_BYTES} bytes",
+            setting="request_key",
+        )
+    document = _request_document(tool, arguments, contract_name, contract_version)
+    return hmac.new(request_key, document, "sha256").digest()
 
 
 def derive_tenant_hmac_key(master_key: bytes, hmac_key_id: str) -> bytes:

@@ -1,9 +1,10 @@
 """Submit: bind a business intent to its payload and pinned contract, exactly once.
 
 Spec "Operation identity and payload binding": the (tenant, operation_key) pair is the
-identity. The same key with the same request hash is a replay of the existing effect;
-the same key with a different hash or a different pinned contract is a conflict, and
-nothing is written or dispatched.
+identity. The same key with the same request hash - computed under the contract the
+effect is pinned to, even after a newer version is deployed - is a replay of the
+existing effect; the same key with a different hash is a conflict, and nothing is
+written or dispatched.
 """
 
 from __future__ import annotations
@@ -17,8 +18,14 @@ from effect_broker.domain.errors import (
     InvalidRequestError,
     PayloadConflictError,
     TenantDisabledError,
+    UnknownContractError,
 )
-from effect_broker.domain.keys import downstream_key, request_hash, validate_operation_key
+from effect_broker.domain.keys import (
+    derive_request_hash_key,
+    downstream_key,
+    keyed_request_hash,
+    validate_operation_key,
+)
 from effect_broker.domain.payload_crypto import encrypt, redacted_preview
 from effect_broker.domain.records import EffectRecord, EffectRequest, Reservation
 from effect_broker.models import Tenant
@@ -28,6 +35,39 @@ from effect_broker.services.runtime import Runtime, get_runtime
 def arguments_aad(tenant_id: str, operation_key: str) -> bytes:
     """AES-GCM associated data: a ciphertext only decrypts on its own row."""
     return f"{tenant_id}\0{operation_key}\0arguments".encode()
+
+
+def request_hash_for(
+    master_key: bytes,
+    tenant_id: str,
+    *,
+    tool: str,
+    arguments: Mapping[str, object],
+    contract_name: str,
+    contract_version: str,
+) -> bytes:
+    """The stored request hash: HMAC under the tenant's key derived from the master key
+    (issue 9, defect 10: an unkeyed hash of the clear arguments leaked them)."""
+    return keyed_request_hash(
+        derive_request_hash_key(master_key, tenant_id),
+        tool=tool,
+        arguments=arguments,
+        contract_name=contract_name,
+        contract_version=contract_version,
+    )
+
+
+def _request_hash(
+    rt: Runtime, tenant_id: str, request: EffectRequest, contract: EffectContract
+) -> bytes:
+    return request_hash_for(
+        rt.master_key,
+        tenant_id,
+        tool=request.tool,
+        arguments=request.arguments,
+        contract_name=contract.name,
+        contract_version=contract.version,
+    )
 
 
 def submit(
@@ -46,12 +86,7 @@ def submit(
     contract = rt.registry.for_tool(request.tool)
     tenant_id = str(tenant.id)
     canonical_args = canonical_json(dict(request.arguments))
-    digest = request_hash(
-        tool=request.tool,
-        arguments=request.arguments,
-        contract_name=contract.name,
-        contract_version=contract.version,
-    )
+    digest = _request_hash(rt, tenant_id, request, contract)
     key_id, ciphertext = encrypt(
         rt.keyring, canonical_args, aad=arguments_aad(tenant_id, operation_key)
     )
@@ -84,25 +119,50 @@ def submit(
             rt.scheduler.dispatch(record.effect_id)
         failpoints.hit("after_reservation_commit", subject=subject)
         return Reservation(effect=record, created=True, replayed=False)
-    _refuse_drift(record, contract, digest)
+    _refuse_drift(rt, record, request, contract, digest)
     return Reservation(effect=record, created=False, replayed=True)
 
 
-def _refuse_drift(record: EffectRecord, contract: EffectContract, digest: bytes) -> None:
-    if (record.contract_name, record.contract_version) != (
-        contract.name,
-        contract.version,
-    ):
-        raise PayloadConflictError(
-            f"operation key {record.operation_key!r} is pinned to contract "
-            f"{record.contract_name}@{record.contract_version}; this request resolves to "
-            f"{contract.name}@{contract.version}. Use a new operation key.",
-            effect_id=record.effect_id,
-            pinned_contract=f"{record.contract_name}@{record.contract_version}",
-        )
+def _refuse_drift(
+    rt: Runtime,
+    record: EffectRecord,
+    request: EffectRequest,
+    active: EffectContract,
+    digest: bytes,
+) -> None:
+    """Raise unless ``request`` is a replay of ``record``.
+
+    The hash is compared under the contract the effect is PINNED to, not the one
+    active now: after a deploy of a newer version, the caller's retry of the same call
+    is still the same call (issue 9, defect 6). These messages advise inspecting the
+    existing effect and never re-submitting it under another identity: that would be a
+    second business operation, the duplicate the broker exists to prevent.
+    """
+    inspect = (
+        f"Inspect the existing effect {record.effect_id} "
+        f"(GET /v1/effects/{record.effect_id}) before acting again."
+    )
+    pinned = f"{record.contract_name}@{record.contract_version}"
+    if (record.contract_name, record.contract_version) != (active.name, active.version):
+        try:
+            contract = rt.registry.get(record.contract_name, record.contract_version)
+        except UnknownContractError:
+            raise UnknownContractError(
+                f"operation key {record.operation_key!r} is effect {record.effect_id}, "
+                f"pinned to contract {pinned}, which this deployment no longer knows, "
+                f"so a retry cannot be checked against it. Nothing was written. "
+                f"{inspect} Restoring {pinned} to the contracts file lets the same "
+                "call replay.",
+                effect_id=record.effect_id,
+                pinned_contract=pinned,
+            ) from None
+        digest = _request_hash(rt, record.tenant_id, request, contract)
     if record.request_hash != digest:
         raise PayloadConflictError(
-            f"operation key {record.operation_key!r} was reserved with a different "
-            "payload; an operation key cannot be reused with changed arguments",
+            f"operation key {record.operation_key!r} is effect {record.effect_id}, "
+            f"reserved with a different payload (contract {pinned}); the arguments of "
+            f"an operation cannot change and nothing was written or dispatched. "
+            f"{inspect}",
             effect_id=record.effect_id,
+            pinned_contract=pinned,
         )

@@ -164,10 +164,9 @@ def reserve(
         new_status=EffectStatus.PREPARED,
         actor=actor,
         now=now,
-        metadata={
-            "contract": f"{intent.contract_name}@{intent.contract_version}",
-            "request_hash": intent.request_hash.hex(),
-        },
+        # No request hash here: events are shown by /history and the admin, and the
+        # hash binds the payload, not the story (issue 9, defect 10).
+        metadata={"contract": f"{intent.contract_name}@{intent.contract_version}"},
         prev=GENESIS_DIGEST,
     )
     params: list[Any] = [

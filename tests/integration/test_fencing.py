@@ -143,15 +143,16 @@ def test_orm_writes_that_bypass_the_fence_are_refused(tenant, write) -> None:
 )
 def test_raw_sql_that_rewrites_history_fails_at_the_database(tenant, statement) -> None:
     record = reserve(tenant)
-    # A receipt row to attack (the store only writes one together with SUCCEEDED).
-    with connection.cursor() as cur:
-        cur.execute(
-            "INSERT INTO effect_receipts (id, effect_id, external_id, result_ciphertext,"
-            " result_key_id, result_preview, evidence_digest, contract_version,"
-            " downstream_key_digest, created_at)"
-            " VALUES (%s, %s, 'ch_1', 'x', 'k1', '{}', '', '1', 'd', %s)",
-            [new_row_id(), record.effect_id, now(record)],
-        )
+    # A receipt row to attack (the store only writes one together with SUCCEEDED, and
+    # migration 0006 refuses any other at commit: so it is planted as a DBA would).
+    _as_privileged_dba(
+        "INSERT INTO effect_receipts (id, effect_id, external_id, result_ciphertext,"
+        " result_key_id, result_preview, evidence_digest, contract_version,"
+        " downstream_key_digest, created_at)"
+        " VALUES (%s, %s, 'ch_1', 'x', 'k1', '{}', '', '1', 'd', %s)",
+        [new_row_id(), record.effect_id, now(record)],
+        then_origin=True,
+    )
     with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cur:
         cur.execute(statement)
     assert EffectReceipt.objects.get().external_id == "ch_1"
@@ -159,11 +160,19 @@ def test_raw_sql_that_rewrites_history_fails_at_the_database(tenant, statement) 
     assert EffectIntent.objects.get().status == "prepared"
 
 
-def _as_privileged_dba(sql: str, params: list[object]) -> None:
+def _as_privileged_dba(
+    sql: str, params: list[object], *, then_origin: bool = False
+) -> None:
     # session_replication_role=replica skips triggers: what a superuser could do.
     with connection.cursor() as cur:
+        # The test's earlier writes stand for committed ones: run their deferred
+        # checks (migration 0006) now, as their COMMIT would have, before the DBA acts.
+        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        cur.execute("SET CONSTRAINTS ALL DEFERRED")
         cur.execute("SET LOCAL session_replication_role = replica")
         cur.execute(sql, params)
+        if then_origin:
+            cur.execute("SET LOCAL session_replication_role = origin")
 
 
 @pytest.mark.django_db

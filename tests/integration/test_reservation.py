@@ -97,8 +97,14 @@ def test_payload_drift_is_a_conflict_and_changes_nothing(tenant) -> None:
 
 
 @pytest.mark.django_db
-def test_a_changed_contract_version_is_a_conflict(tenant, fresh_runtime) -> None:
-    submit(tenant, charge())
+def test_a_deployed_contract_version_does_not_change_a_pinned_effect(
+    tenant, fresh_runtime
+) -> None:
+    # Issue 9, defect 6: this was a 409 advising a new operation key (the one action
+    # that double-charges). The same call now replays under the pinned version, and
+    # changed arguments are still a conflict (tests/integration/
+    # test_deploy_safe_replay.py covers the messages).
+    first = submit(tenant, charge())
     v2 = parse_contracts(
         """
         [[contract]]
@@ -118,8 +124,12 @@ def test_a_changed_contract_version_is_a_conflict(tenant, fresh_runtime) -> None
         """,
         source="test",
     )
-    with runtime.override(registry=v2), pytest.raises(PayloadConflictError) as err:
-        submit(tenant, charge())
+    with runtime.override(registry=v2):
+        again = submit(tenant, charge())
+        with pytest.raises(PayloadConflictError) as err:
+            submit(tenant, charge(amount_minor=2999))
+    assert again.replayed is True
+    assert again.effect == first.effect
     assert "payments.charge@1" in str(err.value)
     assert EffectIntent.objects.get(tenant=tenant).contract_version == "1"
 

@@ -14,9 +14,12 @@ from hypothesis import strategies as st
 from effect_broker.domain.canonical import MAX_SAFE_INTEGER, canonical_json
 from effect_broker.domain.errors import ConfigurationError, InvalidRequestError
 from effect_broker.domain.keys import (
+    REQUEST_HASH_INFO_PREFIX,
+    derive_request_hash_key,
     derive_tenant_hmac_key,
     digest_hex,
     downstream_key,
+    keyed_request_hash,
     operation_key_digest,
     request_hash,
     validate_operation_key,
@@ -112,6 +115,72 @@ def test_given_same_canonical_arguments_then_request_hash_is_stable(
 ) -> None:
     reordered = dict(reversed(list(args.items())))
     assert _hash(arguments=reordered) == _hash(arguments=args)
+
+
+# --- keyed request hash (issue 9, defect 10) -------------------------------------------
+
+
+def _keyed(tenant: str = TENANT, master: bytes = MASTER, **overrides: Any) -> bytes:
+    fields: dict[str, Any] = {
+        "tool": "charge_card",
+        "arguments": ARGS,
+        "contract_name": "payments.charge",
+        "contract_version": "1",
+    }
+    fields.update(overrides)
+    return keyed_request_hash(derive_request_hash_key(master, tenant), **fields)
+
+
+def test_given_a_tenant_then_the_request_hash_key_is_hkdf_with_its_own_label() -> None:
+    expected = _hkdf_sha256(MASTER, REQUEST_HASH_INFO_PREFIX + TENANT.encode())
+    assert derive_request_hash_key(MASTER, TENANT) == expected
+    assert REQUEST_HASH_INFO_PREFIX != b"effect-broker/tenant-hmac/v1\0"
+    # Never the downstream-key HMAC key, whatever the key id is called.
+    assert derive_request_hash_key(MASTER, "h1") != derive_tenant_hmac_key(MASTER, "h1")
+
+
+def test_given_known_request_then_keyed_hash_is_hmac_of_the_canonical_document() -> None:
+    document = (
+        b'{"arguments":{"amount":1000,"currency":"EUR"},"contract_name":"payments.charge",'
+        b'"contract_version":"1","tool":"charge_card"}'
+    )
+    key = derive_request_hash_key(MASTER, TENANT)
+    assert _keyed() == hmac.new(key, document, "sha256").digest()
+    assert _keyed() != hashlib.sha256(document).digest()
+    assert len(_keyed()) == 32
+
+
+def test_given_the_same_payload_in_two_tenants_then_keyed_hashes_differ() -> None:
+    assert _keyed(TENANT) != _keyed(OTHER_TENANT)
+
+
+def test_given_another_master_key_then_the_keyed_hash_differs() -> None:
+    assert _keyed(master=bytes(32)) != _keyed()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tool": "refund_card"},
+        {"arguments": {"amount": 1001, "currency": "EUR"}},
+        {"contract_name": "payments.charge2"},
+        {"contract_version": "2"},
+    ],
+    ids=["tool", "argument value", "contract name", "contract version"],
+)
+def test_given_any_bound_field_changes_then_keyed_hash_changes(
+    change: dict[str, Any],
+) -> None:
+    assert _keyed(**change) != _keyed()
+    assert _keyed(arguments={"currency": "EUR", "amount": 1000}) == _keyed()
+
+
+@pytest.mark.parametrize("key", [b"", b"short", "a" * 32], ids=["empty", "short", "str"])
+def test_given_a_bad_request_hash_key_then_configuration_error(key: Any) -> None:
+    with pytest.raises(ConfigurationError):
+        keyed_request_hash(
+            key, tool="t", arguments={}, contract_name="c", contract_version="1"
+        )
 
 
 # --- tenant keys ------------------------------------------------------------------------
