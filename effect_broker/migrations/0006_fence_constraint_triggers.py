@@ -90,7 +90,7 @@ DROP FUNCTION IF EXISTS effect_broker_intent_has_its_event();
 
 
 class Migration(migrations.Migration):
-    dependencies = [("effect_broker", "0004_drop_redundant_indexes")]
+    dependencies = [("effect_broker", "0005_operator_authority")]
 
     operations = [
         migrations.AlterModelOptions(
@@ -103,7 +103,13 @@ class Migration(migrations.Migration):
         ),
         migrations.AlterModelOptions(
             name="effectintent",
-            options={"base_manager_name": "objects"},
+            options={
+                "base_manager_name": "objects",
+                # Kept from 0005 (AlterModelOptions replaces the whole set).
+                "permissions": [
+                    ("resolve_effect", "Can resolve or fork effects as an operator")
+                ],
+            },
         ),
         migrations.AlterModelOptions(
             name="effectreceipt",

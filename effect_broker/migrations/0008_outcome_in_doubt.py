@@ -12,7 +12,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("effect_broker", "0005_operator_authority"),
+        ("effect_broker", "0007_keyed_request_hash"),
     ]
 
     operations = [
