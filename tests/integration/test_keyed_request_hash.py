@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 from django.urls import reverse
@@ -55,7 +55,9 @@ def charge(key: str = "order:42:charge:v1", **changes: object) -> EffectRequest:
 
 
 def stored_hash(effect_id: str) -> bytes:
-    return bytes(EffectIntent.objects.get(pk=effect_id).request_hash)
+    # One column, so the read also works on the ledger as it was at an older migration.
+    row = EffectIntent.objects.filter(pk=effect_id).values_list("request_hash").get()
+    return bytes(row[0])
 
 
 @pytest.mark.django_db
@@ -156,6 +158,37 @@ BEFORE = (APP, "0006_fence_constraint_triggers")
 REKEY = (APP, "0007_keyed_request_hash")
 
 
+# The rows below are written the way the store wrote them before 0007, in SQL of that
+# schema: the store's own statements name columns that later migrations add (0008's
+# outcome_in_doubt), so they cannot run against the ledger as it was at 0006.
+_OLD_INTENT = """
+INSERT INTO effect_intents (
+    id, tenant_id, operation_key, tool, request_hash, arguments_ciphertext,
+    arguments_key_id, arguments_preview, contract_name, contract_version, safety_class,
+    downstream_key, status, version, attempt_count, next_action_at, trace_id,
+    requested_by, created_at, updated_at
+) VALUES (%s, %s, %s, %s, %s, %s, %s, '{}'::jsonb, %s, %s, %s, %s, 'prepared', 1, 0,
+          %s, '', '', %s, %s)
+"""
+_OLD_EVENT = """
+INSERT INTO effect_events (
+    effect_id, sequence, event_type, old_status, new_status, version, actor,
+    occurred_at, metadata, prev_digest, digest
+) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s)
+"""
+_OLD_DISPATCH = """
+UPDATE effect_intents
+SET status = 'dispatching', version = 2, attempt_count = 1, updated_at = %s
+WHERE id = %s AND version = 1
+"""
+_OLD_ATTEMPT = """
+INSERT INTO effect_attempts (
+    id, effect_id, ordinal, worker, fencing_version, started_at, request_digest,
+    response_digest, transport_meta, error_category, outcome, bytes_may_have_left
+) VALUES (%s, %s, 1, 'w', 2, %s, %s, '', '{}'::jsonb, '', '', false)
+"""
+
+
 def reserve_the_old_way(tenant, key: str, arguments: dict[str, Any]) -> tuple[str, bytes]:
     """An intent as the store wrote it before 0007: unkeyed hash in the row and in the
     ``reserved`` event's metadata (and so in the digest chain)."""
@@ -181,7 +214,7 @@ def reserve_the_old_way(tenant, key: str, arguments: dict[str, Any]) -> tuple[st
         metadata={"contract": "payments.charge@1", "request_hash": old.hex()},
         prev=bytes(32),
     )
-    params = [
+    intent = [
         effect_id,
         tenant_id,
         key,
@@ -189,22 +222,48 @@ def reserve_the_old_way(tenant, key: str, arguments: dict[str, Any]) -> tuple[st
         old,
         blob,
         key_id,
-        "{}",
         "payments.charge",
         "1",
         "idempotent",
         "dk-" + key,
-        "prepared",
-        now,
-        None,
-        "",
         now,
         now,
-        *event,
+        now,
     ]
-    with connection.cursor() as cur:
-        cur.execute(sql.RESERVE_INTENT.format(job="", job_source=""), params)
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(_OLD_INTENT, intent)
+        cur.execute(_OLD_EVENT, event)
     return effect_id, old
+
+
+def dispatch_the_old_way(effect_id: str, old: bytes) -> str:
+    """Attempt 1 opened the way the store did before 0007: the attempt's request digest
+    is the unkeyed hash. Returns the attempt's id."""
+    now = timezone.now() + timedelta(seconds=1)
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT digest FROM effect_events WHERE effect_id = %s AND sequence = 1",
+            [effect_id],
+        )
+        prev = bytes(cur.fetchone()[0])
+    event, _ = _event_params(
+        effect_id,
+        sequence=2,
+        event_type="dispatch_started",
+        old_status=EffectStatus.PREPARED,
+        new_status=EffectStatus.DISPATCHING,
+        actor="worker:w",
+        now=now,
+        metadata={"attempt": 1},
+        prev=prev,
+    )
+    attempt_id = new_row_id()
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(_OLD_DISPATCH, [now, effect_id])
+        assert cur.rowcount == 1
+        cur.execute(_OLD_EVENT, event)
+        cur.execute(_OLD_ATTEMPT, [attempt_id, effect_id, now, old.hex()])
+    return attempt_id
 
 
 @pytest.fixture
@@ -219,7 +278,7 @@ def at_0006(transactional_db: None):
         with connection.cursor() as cur:
             cur.execute(
                 "TRUNCATE effect_events, effect_attempts, effect_receipts,"
-                " effect_stale_writes, effect_intents"
+                " effect_stale_writes, effect_forks, effect_intents"
             )
         MigrationExecutor(connection).migrate(latest)
 
@@ -230,10 +289,7 @@ def test_0007_rekeys_old_rows_and_their_chains_still_verify(at_0006) -> None:
     first, old_first = reserve_the_old_way(tenant, "order:1:charge:v1", CARD)
     second, old_second = reserve_the_old_way(other, "order:1:charge:v1", CARD)
     assert old_first == old_second  # the cross-tenant collision of the old scheme
-    record = store.load_effect_for_worker(first)
-    moved, attempt_id = store.start_attempt(
-        record, worker="w", now=record.updated_at + timedelta(seconds=1), changes={}
-    )
+    attempt_id = dispatch_the_old_way(first, old_first)
     assert EffectAttempt.objects.get(pk=attempt_id).request_digest == old_first.hex()
 
     # When migration 0007 runs
@@ -256,10 +312,13 @@ def test_0007_rekeys_old_rows_and_their_chains_still_verify(at_0006) -> None:
     assert store.verify_event_chain(second) == 1
     # and the fence still holds after the migration re-enabled its triggers
     assert _trigger_states() == {"O"}
-    # and the same call replays, a changed one conflicts, as before
+    # and, once the later migrations have run too, the same call replays and a changed
+    # one conflicts, as before
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes(APP))
     again = submit(tenant, charge(key="order:1:charge:v1"))
     assert (again.replayed, again.effect.effect_id) == (True, first)
-    assert again.effect.version == moved.version
+    assert again.effect.version == 2
     with pytest.raises(PayloadConflictError):
         submit(other, charge(key="order:1:charge:v1", amount_minor=1))
 
