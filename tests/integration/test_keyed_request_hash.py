@@ -31,7 +31,6 @@ from effect_broker.models import EffectAttempt, EffectEvent, EffectIntent
 from effect_broker.services.runtime import get_runtime
 from effect_broker.services.submission import arguments_aad, submit
 from effect_broker.services.tenants import create_tenant
-from effect_broker.store import sql
 from effect_broker.store.ledger import _event_params
 
 CARD = {
