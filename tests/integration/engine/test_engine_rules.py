@@ -5,6 +5,9 @@ Negative tests count rows at the target: "did not happen" is asserted, not assum
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import psycopg
 import pytest
 from django.db import connection
 
@@ -17,7 +20,7 @@ from effect_broker.services.reconcile import reconcile
 from effect_broker.services.sweeper import sweep
 from effect_broker.store import load_effect_for_worker, verify_event_chain
 from effect_broker.store.reads import database_now
-from tests.integration.engine.harness import TIMING, WorkerKilled
+from tests.integration.engine.harness import TIMING, Bench, WorkerKilled, engine_bench
 
 IDEMPOTENT = SafetyClass.IDEMPOTENT
 RECONCILABLE = SafetyClass.RECONCILABLE
@@ -50,9 +53,8 @@ def test_rule1_dispatching_and_the_attempt_commit_before_any_io(bench) -> None:
     original = adapter.inner.dispatch
 
     def spying_dispatch(request: DispatchRequest) -> DispatchResult:
-        # Read the ledger from ANOTHER connection's point of view is not possible inside
-        # one test transaction; what we can prove is that both rows exist in the
-        # database before the adapter is called.
+        # Inside the test's transaction: both rows exist before the adapter is called.
+        # That they are COMMITTED is proved from a second connection below.
         with connection.cursor() as cur:
             cur.execute(
                 "SELECT status FROM effect_intents WHERE id = %s", [record.effect_id]
@@ -68,6 +70,54 @@ def test_rule1_dispatching_and_the_attempt_commit_before_any_io(bench) -> None:
     adapter.inner.dispatch = spying_dispatch  # type: ignore[method-assign]
     dispatch(record.effect_id, worker="w1")
     assert seen == {"status": "dispatching", "attempts": 1}
+
+
+@pytest.fixture
+def committed_bench(transactional_db: None) -> Iterator[Bench]:
+    """The engine bench without the test's wrapping transaction: what the engine
+    commits is committed, so another connection can see it."""
+    with engine_bench() as b:
+        yield b
+
+
+def _second_connection() -> psycopg.Connection:
+    """A connection of its own (not Django's): it sees only what was committed."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    return psycopg.connect(**params, autocommit=True)
+
+
+def test_rule1_seen_from_another_connection_before_the_adapter_runs(
+    committed_bench: Bench,
+) -> None:
+    # Given an effect and an observer on a second connection
+    record = committed_bench.submit(IDEMPOTENT)
+    adapter = committed_bench.adapters[IDEMPOTENT]
+    original = adapter.inner.dispatch
+    seen: dict[str, object] = {}
+
+    def observed_dispatch(request: DispatchRequest) -> DispatchResult:
+        # When the adapter is about to do I/O, the observer reads the ledger:
+        # only committed rows are visible to it.
+        with _second_connection() as other:
+            seen["status"] = other.execute(
+                "SELECT status FROM effect_intents WHERE id = %s", [record.effect_id]
+            ).fetchone()[0]
+            seen["open_attempts"] = other.execute(
+                "SELECT count(*) FROM effect_attempts"
+                " WHERE effect_id = %s AND ended_at IS NULL",
+                [record.effect_id],
+            ).fetchone()[0]
+            seen["target_rows"] = committed_bench.target_rows(record)
+        return original(request)
+
+    adapter.inner.dispatch = observed_dispatch  # type: ignore[method-assign]
+    done = dispatch(record.effect_id, worker="w1")
+
+    # Then DISPATCHING and the open attempt were committed before anything was sent
+    assert seen == {"status": "dispatching", "open_attempts": 1, "target_rows": 0}
+    assert done.status is EffectStatus.SUCCEEDED
 
 
 def test_rule2_a_proved_rejection_is_retryable_with_backoff(bench) -> None:
