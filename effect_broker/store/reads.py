@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connection
 
@@ -13,6 +14,13 @@ from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus
 from effect_broker.store import sql
 from effect_broker.store.rows import json_value, record_from_row
+
+
+def _params(*values: Any) -> list[Any]:
+    """Bound parameters: psycopg adapts ``timedelta`` to an interval, which Django's
+    cursor stubs do not list."""
+    return list(values)
+
 
 MAX_PAGE = 500
 
@@ -35,7 +43,7 @@ def database_now(offset: timedelta = timedelta(0)) -> datetime:
     live lease or make a "not found" conclusive early (issue: one host's clock).
     """
     with connection.cursor() as cur:
-        cur.execute(sql.SELECT_DATABASE_NOW, [offset])
+        cur.execute(sql.SELECT_DATABASE_NOW, _params(offset))
         row = cur.fetchone()
     assert row is not None
     return row[0]
@@ -95,7 +103,7 @@ def load_for_dispatch(
     """A worker's single read before a dispatch: the row, its sealed arguments and the
     database's clock."""
     with connection.cursor() as cur:
-        cur.execute(sql.SELECT_INTENT_FOR_DISPATCH, [offset, effect_id])
+        cur.execute(sql.SELECT_INTENT_FOR_DISPATCH, _params(offset, effect_id))
         row = cur.fetchone()
     if row is None:
         raise EffectNotFoundError(f"no effect {effect_id}")
@@ -224,7 +232,8 @@ def expired_leases(
     (worker presumed dead)."""
     with connection.cursor() as cur:
         cur.execute(
-            sql.SELECT_EXPIRED_LEASES, [[s.value for s in statuses], offset, limit]
+            sql.SELECT_EXPIRED_LEASES,
+            _params([s.value for s in statuses], offset, limit),
         )
         return [record_from_row(r) for r in cur.fetchall()]
 
@@ -240,5 +249,5 @@ def due_effects(
     """Effects in ``status`` whose next action was due more than ``grace`` ago, by the
     database's clock."""
     with connection.cursor() as cur:
-        cur.execute(sql.SELECT_DUE, [status.value, offset - grace, safety, limit])
+        cur.execute(sql.SELECT_DUE, _params(status.value, offset - grace, safety, limit))
         return [record_from_row(r) for r in cur.fetchall()]
