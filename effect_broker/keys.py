@@ -11,7 +11,7 @@ runtime    stable across retries (the key)             changes per attempt (neve
 Temporal   workflow id + activity id                   attempt, run id of the attempt
 Celery     the task id (``self.request.id``)           ``request.retries``
 DBOS       workflow id + step id                       the step's retry attempt
-LangGraph  thread id + node + step (+ checkpoint ns)   the node's retry attempt, run id
+LangGraph  thread id + node + step (+ subgraph ns)    the node's retry attempt, run id
 agent      run id + the model's tool-call id           the loop's iteration counter
 plain      the business key ``order:42:charge:v1``     -
 =========  ==========================================  ==================================
@@ -151,9 +151,10 @@ def langgraph_key(
     ``langgraph_node`` and ``langgraph_step``. A node retried by its ``RetryPolicy``,
     or re-run when the graph resumes from its checkpoint after a failure, has the same
     thread, node and step; a later visit of the node has a later step. Inside a
-    subgraph pass ``checkpoint_ns`` (``configurable.checkpoint_ns``), whose steps count
-    on their own. Nodes fanned out with ``Send`` share a step: pass ``action`` (the
-    item's identity) to tell them apart.
+    subgraph pass ``checkpoint_ns=config["metadata"].get("checkpoint_ns", "")``: a
+    subgraph's steps count on their own, and its namespace (``"sub:<task id>"``, the id
+    derived from the parent's checkpoint) tells them apart. Nodes fanned out with
+    ``Send`` share a step: pass ``action`` (the item's identity) to tell them apart.
     """
     namespace = "" if checkpoint_ns == "" else _text("checkpoint_ns", checkpoint_ns)
     return _key(
