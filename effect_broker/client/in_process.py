@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from effect_broker.client.base import SyncBrokerOps
@@ -37,6 +38,16 @@ def _typed_errors() -> Iterator[None]:
         raise from_domain(exc) from exc
 
 
+def _wire_time(value: datetime) -> datetime:
+    """``value`` as the HTTP API sends it: Django's JSON encoder keeps milliseconds,
+    and the models are the API's answers, so both clients hand back equal values."""
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+def _optional_wire_time(value: datetime | None) -> datetime | None:
+    return None if value is None else _wire_time(value)
+
+
 def _effect(record: EffectRecord, **extra: Any) -> Effect:
     return Effect(
         effect_id=record.effect_id,
@@ -49,8 +60,8 @@ def _effect(record: EffectRecord, **extra: Any) -> Effect:
         attempt_count=record.attempt_count,
         arguments_preview=dict(record.arguments_preview),
         receipt_id=record.receipt_id,
-        created_at=record.created_at,
-        updated_at=record.updated_at,
+        created_at=_wire_time(record.created_at),
+        updated_at=_wire_time(record.updated_at),
         **extra,
     )
 
@@ -113,10 +124,10 @@ class InProcessClient(SyncBrokerOps):
             result=dict(stored.result),
             result_preview=dict(stored.result_preview),
             evidence_digest=stored.evidence_digest,
-            target_timestamp=stored.target_timestamp,
+            target_timestamp=_optional_wire_time(stored.target_timestamp),
             contract_version=stored.contract_version,
             downstream_key_digest=stored.downstream_key_digest,
-            created_at=stored.created_at,
+            created_at=_wire_time(stored.created_at),
         )
 
     def history(self, effect_id: str, at_sequence: int | None = None) -> History:
@@ -139,7 +150,7 @@ class InProcessClient(SyncBrokerOps):
                     new_status=e.facts.new_status,
                     version=e.facts.version,
                     actor=e.facts.actor,
-                    occurred_at=e.facts.occurred_at,
+                    occurred_at=_wire_time(e.facts.occurred_at),
                     metadata=dict(e.facts.metadata),
                     digest=e.digest.hex(),
                 )
