@@ -329,16 +329,15 @@ def taxonomy() -> Mapping[str, type[BrokerError]]:
     return dict(_BY_CODE)
 
 
+_PROBLEM_MEMBERS = frozenset({"type", "title", "status", "code", "detail"})
+
+
 def from_problem(status: int, problem: Mapping[str, Any]) -> BrokerError:
     """Build the typed exception for an ``application/problem+json`` body."""
     code = problem.get("code")
     code = code if isinstance(code, str) and code else f"http_{status}"
     detail = problem.get("detail")
-    extras = {
-        k: v
-        for k, v in problem.items()
-        if k not in {"type", "title", "status", "code", "detail"}
-    }
+    extras = {k: v for k, v in problem.items() if k not in _PROBLEM_MEMBERS}
     cls = error_for_code(code)
     return cls(
         detail if isinstance(detail, str) else f"HTTP {status} ({code})",
@@ -351,8 +350,11 @@ def from_problem(status: int, problem: Mapping[str, Any]) -> BrokerError:
 def from_domain(exc: domain.EffectBrokerError) -> BrokerError:
     """The SDK exception for a domain error raised in-process (same code and fields
     as the HTTP surface's problem for it)."""
+    # The members effect_broker.api.problems.domain_error puts on the wire.
     extras = {
-        k: v for k, v in exc.details.items() if isinstance(v, str | int | bool | float)
+        k: v
+        for k, v in exc.details.items()
+        if isinstance(v, str | int | bool) and k not in _PROBLEM_MEMBERS
     }
     return error_for_code(exc.code)(
         str(exc), code=exc.code, status=exc.http_status, extras=extras

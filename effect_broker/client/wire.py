@@ -22,7 +22,7 @@ from effect_broker.client.errors import (
     from_problem,
 )
 from effect_broker.domain.canonical import canonical_json
-from effect_broker.domain.errors import EffectBrokerError
+from effect_broker.domain.errors import EffectBrokerError, InvalidRequestError
 from effect_broker.domain.keys import validate_operation_key
 
 EFFECTS = "/v1/effects"
@@ -60,9 +60,8 @@ def submit_body(
     try:
         validate_operation_key(operation_key)
         if not isinstance(arguments, Mapping):
-            raise TypeError(
-                f"arguments must be a mapping, not {type(arguments).__name__}"
-            )
+            # The service's own refusal, so both clients raise the same InvalidRequest.
+            raise InvalidRequestError("arguments must be a JSON object")
         return canonical_json(
             {
                 "operation_key": operation_key,

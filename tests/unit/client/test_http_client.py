@@ -283,3 +283,11 @@ def test_the_async_client_resends_the_same_way(broker, clock) -> None:
     assert len(broker.requests) == 3
     assert clock.sleeps == [pytest.approx(0.05), 1.0]
     assert {r.headers["Authorization"] for r in broker.requests} == {"Bearer eb_test"}
+
+
+def test_arguments_that_are_not_an_object_are_refused_before_sending(
+    broker, clock
+) -> None:
+    with pytest.raises(InvalidRequest, match="JSON object"):
+        client_for(broker, clock).submit("k:1", "charge_card", [1, 2])  # type: ignore[arg-type]
+    assert broker.requests == []
