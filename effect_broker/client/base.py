@@ -1,0 +1,274 @@
+"""The protocol every client shares: ``wait``, ``perform`` and the ``effect``
+decorator, written once on top of four primitives a client implements (``submit``,
+``get``, ``receipt``, ``history``) - the way the adapter base class holds the dispatch
+protocol over ``_send``/``_lookup``.
+
+The sync base serves ``BrokerClient`` (HTTP) and ``InProcessClient`` (services); the
+async base serves ``AsyncBrokerClient``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, ParamSpec
+
+from effect_broker.client import waiting
+from effect_broker.client.models import Effect, History, Receipt
+
+P = ParamSpec("P")
+
+#: How long ``wait``, ``perform`` and the decorator wait by default, in seconds.
+DEFAULT_WAIT = 30.0
+
+
+class SyncBrokerOps(ABC):
+    """``wait``/``perform``/``effect`` over a client's ``submit``/``get``/``receipt``."""
+
+    _sleep: Callable[[float], None] = staticmethod(time.sleep)
+    _monotonic: Callable[[], float] = staticmethod(time.monotonic)
+
+    @abstractmethod
+    def submit(
+        self,
+        operation_key: str,
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        trace_id: str | None = None,
+        requested_by: str = "",
+    ) -> Effect:
+        """Reserve an effect, or replay the one this operation key already names."""
+
+    @abstractmethod
+    def get(self, effect_id: str) -> Effect:
+        """Read one effect of this tenant."""
+
+    @abstractmethod
+    def receipt(self, effect_id: str) -> Receipt:
+        """The receipt of a succeeded effect (``EffectNotFound`` while none)."""
+
+    @abstractmethod
+    def history(self, effect_id: str, at_sequence: int | None = None) -> History:
+        """The effect folded from its verified events (up to ``at_sequence``)."""
+
+    def wait(self, effect_id: str, timeout: float = DEFAULT_WAIT) -> Effect:
+        """Wait until the effect settles and return it (succeeded, failed_final or
+        compensated).
+
+        Raises ``OutcomeUnknown`` as soon as only an operator can settle the effect,
+        or when ``timeout`` runs out while the broker is still reconciling it;
+        ``WaitTimeout`` when it runs out while the effect is still in progress.
+        """
+        deadline = self._monotonic() + timeout
+        pauses = waiting.poll_intervals()
+        while True:
+            effect = self.get(effect_id)
+            if waiting.check(effect) is not None:
+                return effect
+            left = deadline - self._monotonic()
+            if left <= 0:
+                raise waiting.timed_out(effect, timeout)
+            self._sleep(min(next(pauses), left))
+
+    def perform(
+        self,
+        tool: str,
+        operation_key: str,
+        arguments: Mapping[str, Any],
+        *,
+        timeout: float = DEFAULT_WAIT,
+        trace_id: str | None = None,
+        requested_by: str = "",
+    ) -> dict[str, Any]:
+        """Submit, wait, and return the receipt's result.
+
+        Raises ``OutcomeUnknown`` (never a result, never ``EffectFailed``) when nobody
+        knows whether the effect happened, ``EffectFailed`` when it provably did not.
+        """
+        submitted = self.submit(
+            operation_key, tool, arguments, trace_id=trace_id, requested_by=requested_by
+        )
+        effect = (
+            submitted if submitted.settled else self.wait(submitted.effect_id, timeout)
+        )
+        waiting.result_of(effect)
+        return dict(self.receipt(effect.effect_id).result)
+
+    def effect(
+        self,
+        *,
+        tool: str,
+        key: Callable[..., str],
+        arguments: Callable[..., Mapping[str, Any]] | None = None,
+        timeout: float = DEFAULT_WAIT,
+    ) -> Callable[[Callable[P, Any]], Callable[P, dict[str, Any]]]:
+        """Decorate a function so that calling it performs ``tool`` through the broker.
+
+        The function's arguments, by name and with defaults applied, are the tool's
+        arguments (or ``arguments(**those)`` when given); ``key(**those)`` is the
+        operation key. The body is never run: the broker's worker performs the effect,
+        and the call returns the receipt's result or raises (``OutcomeUnknown``,
+        ``EffectFailed``, ``PayloadConflict``, ...)::
+
+            @broker.effect(
+                tool="charge_card", key=lambda order, **_: f"order:{order}:charge:v1"
+            )
+            def charge_card(order: str, amount_minor: int, currency: str) -> dict: ...
+        """
+
+        def decorate(func: Callable[P, Any]) -> Callable[P, dict[str, Any]]:
+            if inspect.iscoroutinefunction(func):
+                raise TypeError(
+                    f"{func.__qualname__} is async: decorate it with an "
+                    "AsyncBrokerClient's effect()"
+                )
+            named = _named_arguments(func)
+
+            @functools.wraps(func)
+            def call(*args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
+                values = named(args, kwargs)
+                return self.perform(
+                    tool,
+                    key(**values),
+                    arguments(**values) if arguments else values,
+                    timeout=timeout,
+                )
+
+            return call
+
+        return decorate
+
+
+class AsyncBrokerOps(ABC):
+    """The async twin of ``SyncBrokerOps``."""
+
+    _sleep: Callable[[float], Awaitable[None]] = staticmethod(asyncio.sleep)
+    _monotonic: Callable[[], float] = staticmethod(time.monotonic)
+
+    @abstractmethod
+    async def submit(
+        self,
+        operation_key: str,
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        trace_id: str | None = None,
+        requested_by: str = "",
+    ) -> Effect:
+        """Reserve an effect, or replay the one this operation key already names."""
+
+    @abstractmethod
+    async def get(self, effect_id: str) -> Effect:
+        """Read one effect of this tenant."""
+
+    @abstractmethod
+    async def receipt(self, effect_id: str) -> Receipt:
+        """The receipt of a succeeded effect (``EffectNotFound`` while none)."""
+
+    @abstractmethod
+    async def history(self, effect_id: str, at_sequence: int | None = None) -> History:
+        """The effect folded from its verified events (up to ``at_sequence``)."""
+
+    async def wait(self, effect_id: str, timeout: float = DEFAULT_WAIT) -> Effect:
+        """Wait until the effect settles; see ``SyncBrokerOps.wait``."""
+        deadline = self._monotonic() + timeout
+        pauses = waiting.poll_intervals()
+        while True:
+            effect = await self.get(effect_id)
+            if waiting.check(effect) is not None:
+                return effect
+            left = deadline - self._monotonic()
+            if left <= 0:
+                raise waiting.timed_out(effect, timeout)
+            await self._sleep(min(next(pauses), left))
+
+    async def perform(
+        self,
+        tool: str,
+        operation_key: str,
+        arguments: Mapping[str, Any],
+        *,
+        timeout: float = DEFAULT_WAIT,
+        trace_id: str | None = None,
+        requested_by: str = "",
+    ) -> dict[str, Any]:
+        """Submit, wait, return the receipt's result; see ``SyncBrokerOps.perform``."""
+        submitted = await self.submit(
+            operation_key, tool, arguments, trace_id=trace_id, requested_by=requested_by
+        )
+        effect = (
+            submitted
+            if submitted.settled
+            else await self.wait(submitted.effect_id, timeout)
+        )
+        waiting.result_of(effect)
+        return dict((await self.receipt(effect.effect_id)).result)
+
+    def effect(
+        self,
+        *,
+        tool: str,
+        key: Callable[..., str],
+        arguments: Callable[..., Mapping[str, Any]] | None = None,
+        timeout: float = DEFAULT_WAIT,
+    ) -> Callable[[Callable[P, Awaitable[Any]]], Callable[P, Awaitable[dict[str, Any]]]]:
+        """Decorate an ``async def`` so that awaiting it performs ``tool`` through the
+        broker; see ``SyncBrokerOps.effect``."""
+
+        def decorate(
+            func: Callable[P, Awaitable[Any]],
+        ) -> Callable[P, Awaitable[dict[str, Any]]]:
+            if not inspect.iscoroutinefunction(func):
+                raise TypeError(
+                    f"{func.__qualname__} is not async: decorate it with a "
+                    "BrokerClient's effect()"
+                )
+            named = _named_arguments(func)
+
+            @functools.wraps(func)
+            async def call(*args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
+                values = named(args, kwargs)
+                return await self.perform(
+                    tool,
+                    key(**values),
+                    arguments(**values) if arguments else values,
+                    timeout=timeout,
+                )
+
+            return call
+
+        return decorate
+
+
+def _named_arguments(
+    func: Callable[..., Any],
+) -> Callable[[tuple[Any, ...], dict[str, Any]], dict[str, Any]]:
+    """A binder from a call's ``(args, kwargs)`` to ``{name: value}`` with defaults
+    applied. ``*args`` has no names to become JSON members, so it is refused here, at
+    decoration; ``**kwargs`` is merged in."""
+    signature = inspect.signature(func)
+    kinds = {p.kind for p in signature.parameters.values()}
+    if inspect.Parameter.VAR_POSITIONAL in kinds:
+        raise TypeError(
+            f"{func.__qualname__} takes *args; a broker tool's arguments need names"
+        )
+    extra = [
+        p.name
+        for p in signature.parameters.values()
+        if p.kind is inspect.Parameter.VAR_KEYWORD
+    ]
+
+    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        for name in extra:
+            values.update(values.pop(name, {}))
+        return values
+
+    return bind

@@ -1,0 +1,108 @@
+"""The HTTP API as the two HTTP clients speak it: paths, bodies, and answers turned
+into models or typed errors. Written once so the sync and async clients cannot drift.
+
+Paths and JSON are the broker's own (``effect_broker/api/effects.py``); an error is
+``application/problem+json`` with a stable ``code`` (``effect_broker/api/problems.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from effect_broker import __version__
+from effect_broker.client.errors import (
+    BrokerError,
+    BrokerUnavailable,
+    from_domain,
+    from_problem,
+)
+from effect_broker.domain.canonical import canonical_json
+from effect_broker.domain.errors import EffectBrokerError, InvalidRequestError
+from effect_broker.domain.keys import validate_operation_key
+
+EFFECTS = "/v1/effects"
+USER_AGENT = f"effect-broker-python/{__version__}"
+
+
+def headers(api_key: str) -> dict[str, str]:
+    """Request headers: the tenant's key, and what answers the SDK reads."""
+    return {
+        "Authorization": f"Bearer {api_key}",
+        "Accept": "application/json, application/problem+json",
+        "User-Agent": USER_AGENT,
+    }
+
+
+def effect_path(effect_id: str, *rest: str) -> str:
+    """``/v1/effects/{id}[/rest]``, the id escaped so it cannot name another path."""
+    return "/".join((EFFECTS, quote(str(effect_id), safe=""), *rest))
+
+
+def submit_body(
+    operation_key: str,
+    tool: str,
+    arguments: Mapping[str, Any],
+    *,
+    trace_id: str | None,
+    requested_by: str,
+) -> bytes:
+    """The canonical JSON body of a submit, checked locally first.
+
+    The same bytes go out on every resend, and what the broker would refuse anyway (a
+    blank or padded key, NaN, an integer beyond 2**53) is refused here, before any
+    request, with the broker's own error and code.
+    """
+    try:
+        validate_operation_key(operation_key)
+        if not isinstance(arguments, Mapping):
+            # The service's own refusal, so both clients raise the same InvalidRequest.
+            raise InvalidRequestError("arguments must be a JSON object")
+        return canonical_json(
+            {
+                "operation_key": operation_key,
+                "tool": tool,
+                "arguments": dict(arguments),
+                "trace_id": trace_id,
+                "requested_by": requested_by,
+            }
+        )
+    except EffectBrokerError as exc:
+        raise from_domain(exc) from exc
+
+
+def answer(response: httpx.Response) -> Any:
+    """The JSON of a 2xx answer; the typed error of any other."""
+    if response.is_success:
+        return response.json()
+    raise error_of(response)
+
+
+def error_of(response: httpx.Response) -> BrokerError:
+    """The typed error for a non-2xx answer (a problem's own code when it has one)."""
+    status = response.status_code
+    body: object = None
+    try:
+        body = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("code"), str):
+        return from_problem(status, body)
+    # No problem document: a proxy, a load balancer or a crashed worker answered.
+    if status >= 500:
+        return BrokerUnavailable(
+            f"HTTP {status} from {response.request.url} (not the broker's answer)",
+            status=status,
+        )
+    return BrokerError(
+        f"HTTP {status} from {response.request.url}", code=f"http_{status}", status=status
+    )
+
+
+def transport_error(request: str, exc: httpx.TransportError) -> BrokerUnavailable:
+    """``BrokerUnavailable`` for a request no answer came back to."""
+    return BrokerUnavailable(f"{request}: {type(exc).__name__}: {exc}")

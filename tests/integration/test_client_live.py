@@ -1,0 +1,320 @@
+"""The SDK against a real broker: uvicorn serving config.asgi in a subprocess, a real
+``procrastinate worker`` process, and the crash-matrix target service, all on the
+test database. Submit -> wait -> receipt, replay, payload conflict, an unknown outcome
+reaching the caller as one, and a proxy's 503 that the client rides out - including
+the 503 that arrives after the broker committed, where only the operation key makes
+the resend safe."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from config.database import url_from_settings
+from effect_broker.client import (
+    AsyncBrokerClient,
+    BrokerClient,
+    OutcomeUnknown,
+    PayloadConflict,
+    RetryPolicy,
+)
+from effect_broker.models import EffectIntent
+from effect_broker.services.tenants import create_tenant
+from examples.crash_matrix.contracts import TOOLS, write_contracts
+from examples.crash_matrix.target_client import TargetProcess, start_target
+from examples.crash_matrix.workers import ROOT, WorkerProcess, broker_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+ARGS = {"order": "42", "amount_minor": 1999, "currency": "EUR"}
+NEW_KEY_ADVICE = re.compile(
+    r"(new|different|fresh|another)\s+(operation[ _])?key", re.IGNORECASE
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LiveBroker:
+    """A running broker (API + worker) and the target it charges."""
+
+    url: str
+    target: TargetProcess
+    server: subprocess.Popen[bytes]
+    worker: WorkerProcess
+
+    def client(self, api_key: str, base_url: str | None = None, **options: Any):
+        return BrokerClient(base_url or self.url, api_key, **options)
+
+
+@pytest.fixture(scope="module")
+def live(django_db_setup: None, django_db_blocker: Any) -> Iterator[LiveBroker]:
+    with django_db_blocker.unblock():
+        connection.ensure_connection()
+        # Django's flush skips procrastinate's tables: start with no old jobs.
+        with connection.cursor() as cur:
+            cur.execute(
+                "TRUNCATE procrastinate_jobs, procrastinate_periodic_defers, "
+                "procrastinate_workers CASCADE"
+            )
+        database_url = url_from_settings(connection.settings_dict)
+    workdir = tempfile.TemporaryDirectory(prefix="eb-sdk-live-")
+    target = start_target(database_url, settlement_delay="500ms", schema="sdk_target")
+    contracts = write_contracts(Path(workdir.name) / "contracts.toml", target.url)
+    env = broker_env(database_url, contracts, settings.EFFECT_BROKER_MASTER_KEY)
+    port = free_port()
+    log = (Path(workdir.name) / "uvicorn.log").open("wb")
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "config.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    worker = WorkerProcess("sdk-live", env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/readyz", trust_env=False).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                tail = (Path(workdir.name) / "uvicorn.log").read_text(errors="replace")
+                raise RuntimeError(f"uvicorn did not start:\n{tail[-2000:]}")
+            time.sleep(0.1)
+        yield LiveBroker(url, target, server, worker)
+    finally:
+        worker.stop()
+        server.terminate()
+        try:
+            server.wait(15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+        target.stop()
+        workdir.cleanup()
+
+
+@pytest.fixture
+def api_key(live: LiveBroker) -> str:
+    live.target.reset()
+    return create_tenant("sdk-live")[1]
+
+
+def test_submit_wait_receipt_and_history_over_real_http(live, api_key) -> None:
+    with live.client(api_key) as broker:
+        effect = broker.submit("order:42:charge:v1", TOOLS["idempotent"], ARGS)
+        assert (effect.status, effect.created) == ("prepared", True)
+        done = broker.wait(effect.effect_id, timeout=30)
+        receipt = broker.receipt(effect.effect_id)
+        history = broker.history(effect.effect_id)
+    assert done.status == "succeeded"
+    assert receipt.effect_id == effect.effect_id
+    assert receipt.external_id
+    assert history.events[-1].new_status == "succeeded"
+    assert live.target.count_charges(mode="idempotent") == 1
+
+
+def test_the_decorator_replays_instead_of_charging_twice(live, api_key) -> None:
+    with live.client(api_key) as broker:
+
+        @broker.effect(
+            tool=TOOLS["idempotent"], key=lambda order, **_: f"order:{order}:charge:v1"
+        )
+        def charge(order: str, amount_minor: int, currency: str) -> dict: ...
+
+        first = charge("42", 1999, "EUR")
+        again = charge("42", 1999, "EUR")
+        replay = broker.submit("order:42:charge:v1", TOOLS["idempotent"], ARGS)
+    assert first == again
+    assert (replay.created, replay.replayed) == (False, True)
+    assert live.target.count_charges(mode="idempotent") == 1
+
+
+def test_a_payload_conflict_is_typed_and_nothing_is_charged_twice(live, api_key) -> None:
+    with live.client(api_key) as broker:
+        first = broker.submit("order:43:charge:v1", TOOLS["idempotent"], ARGS)
+        with pytest.raises(PayloadConflict) as error:
+            broker.submit(
+                "order:43:charge:v1", TOOLS["idempotent"], {**ARGS, "amount_minor": 1}
+            )
+        broker.wait(first.effect_id, timeout=30)
+    assert (error.value.status, error.value.effect_id) == (409, first.effect_id)
+    assert "inspect the existing effect" in str(error.value).lower()
+    assert not NEW_KEY_ADVICE.search(str(error.value))
+    assert live.target.count_charges(mode="idempotent") == 1
+
+
+def test_an_unknown_outcome_reaches_the_caller_as_one(live, api_key) -> None:
+    # Given an unsafe target that commits the charge and then drops the connection
+    live.target.inject("drop_connection_after_commit")
+    with live.client(api_key) as broker:
+
+        @broker.effect(tool=TOOLS["unsafe"], key=lambda order, **_: f"order:{order}:u:v1")
+        def charge(order: str, amount_minor: int, currency: str) -> dict: ...
+
+        # Then the call raises OutcomeUnknown - not a result, not a failure
+        with pytest.raises(OutcomeUnknown) as error:
+            charge("44", 1999, "EUR")
+    assert error.value.needs_operator is True
+    assert error.value.effect is not None
+    assert error.value.effect.status == "outcome_unknown"
+    assert not NEW_KEY_ADVICE.search(str(error.value))
+    # and the target had charged once: "unknown" was the honest answer
+    assert live.target.count_charges(mode="unsafe") == 1
+
+
+@dataclass
+class FlakyProxy:
+    """A local HTTP proxy in front of the broker that answers the first POST with
+    503 + Retry-After: 0, either instead of forwarding it or after forwarding it (the
+    broker committed; its answer is lost on the way back)."""
+
+    upstream: str
+    forward_first: bool
+    forwarded: list[str] = field(default_factory=list)
+    refused: int = 0
+
+    def __post_init__(self) -> None:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _relay(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.command == "POST" and proxy.refused == 0:
+                    proxy.refused += 1
+                    if proxy.forward_first:
+                        proxy._forward(self, body)
+                    self._answer(503, b"upstream unavailable", {"Retry-After": "0"})
+                    return
+                status, content, headers = proxy._forward(self, body)
+                self._answer(status, content, headers)
+
+            def _answer(self, status: int, content: bytes, headers: dict) -> None:
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+            do_GET = do_POST = _relay
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def _forward(self, handler: BaseHTTPRequestHandler, body: bytes):
+        self.forwarded.append(handler.command)
+        response = httpx.request(
+            handler.command,
+            self.upstream + handler.path,
+            content=body or None,
+            headers={
+                k: v
+                for k, v in handler.headers.items()
+                if k.lower() in {"authorization", "content-type", "accept"}
+            },
+            trust_env=False,
+        )
+        headers = {"Content-Type": response.headers.get("content-type", "text/plain")}
+        return response.status_code, response.content, headers
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("forward_first", "created"),
+    [(False, True), (True, False)],
+    ids=["503-before-the-broker", "503-after-the-broker-committed"],
+)
+def test_a_proxy_503_is_ridden_out_and_never_makes_two_effects(
+    live, api_key, forward_first, created
+) -> None:
+    proxy = FlakyProxy(live.url, forward_first=forward_first)
+    sleeps: list[float] = []
+    try:
+        with live.client(
+            api_key,
+            base_url=proxy.url,
+            retry=RetryPolicy(attempts=3, initial_delay=0.05),
+            sleep=sleeps.append,
+        ) as broker:
+            effect = broker.submit("order:45:charge:v1", TOOLS["idempotent"], ARGS)
+            done = broker.wait(effect.effect_id, timeout=30)
+    finally:
+        proxy.close()
+    # The client resent once; when the broker had committed, the resend was a replay
+    assert proxy.refused == 1
+    assert len([s for s in sleeps if s > 0]) >= 1
+    assert (effect.created, effect.replayed) == (created, not created)
+    assert proxy.forwarded.count("POST") == (2 if forward_first else 1)
+    assert EffectIntent.objects.filter(operation_key="order:45:charge:v1").count() == 1
+    assert done.status == "succeeded"
+    assert live.target.count_charges(mode="idempotent") == 1
+
+
+def test_the_async_client_and_decorator_over_real_http(live, api_key) -> None:
+    async def scenario() -> tuple[dict, Any]:
+        async with AsyncBrokerClient(live.url, api_key) as broker:
+
+            @broker.effect(
+                tool=TOOLS["reconcilable"],
+                key=lambda order, **_: f"order:{order}:charge:v1",
+            )
+            async def charge(order: str, amount_minor: int, currency: str) -> dict: ...
+
+            result = await charge(**ARGS)
+            replay = await broker.submit(
+                "order:42:charge:v1", TOOLS["reconcilable"], ARGS
+            )
+            return result, replay
+
+    result, replay = asyncio.run(scenario())
+    assert result
+    assert replay.replayed is True
+    assert live.target.count_charges(mode="reconcilable") == 1

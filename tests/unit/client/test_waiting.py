@@ -1,0 +1,248 @@
+"""``wait``, ``perform`` and the ``effect`` decorator, over a fake client: an unknown
+outcome is raised plainly as OutcomeUnknown - never a result, never EffectFailed."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from effect_broker.client import (
+    EffectCompensated,
+    EffectFailed,
+    OutcomeUnknown,
+    PayloadConflict,
+    WaitTimeout,
+)
+from effect_broker.client.base import AsyncBrokerOps, SyncBrokerOps
+from effect_broker.client.models import Effect, History, Receipt
+from tests.unit.client.conftest import FakeClock, effect_json, receipt_json
+
+_NEW_KEY_ADVICE = re.compile(
+    r"(new|different|fresh|another)\s+(operation[ _])?key", re.IGNORECASE
+)
+
+
+class FakeBroker(SyncBrokerOps):
+    """Answers get() from a list of statuses (the last one repeats)."""
+
+    def __init__(
+        self, clock: FakeClock, statuses: list[str], safety: str = "idempotent"
+    ) -> None:
+        self._sleep = clock.sleep
+        self._monotonic = clock.monotonic
+        self.statuses = statuses
+        self.safety = safety
+        self.submitted: list[tuple[str, str, dict[str, Any]]] = []
+        self.reads = 0
+
+    def _effect(self, status: str, **flags: Any) -> Effect:
+        return Effect.from_wire(effect_json(status, self.safety, **flags))
+
+    def submit(self, operation_key, tool, arguments, *, trace_id=None, requested_by=""):
+        self.submitted.append((operation_key, tool, dict(arguments)))
+        return self._effect("prepared", created=True, replayed=False)
+
+    def get(self, effect_id: str) -> Effect:
+        status = self.statuses[min(self.reads, len(self.statuses) - 1)]
+        self.reads += 1
+        return self._effect(status)
+
+    def receipt(self, effect_id: str) -> Receipt:
+        return Receipt.from_wire(receipt_json({"charge_id": "ch_1"}))
+
+    def history(self, effect_id: str, at_sequence: int | None = None) -> History:
+        raise NotImplementedError
+
+
+class AsyncFakeBroker(AsyncBrokerOps):
+    """The async twin, over the same script."""
+
+    def __init__(self, fake: FakeBroker, clock: FakeClock) -> None:
+        self.fake = fake
+        self._sleep = clock.asleep
+        self._monotonic = clock.monotonic
+
+    async def submit(
+        self, operation_key, tool, arguments, *, trace_id=None, requested_by=""
+    ):
+        return self.fake.submit(operation_key, tool, arguments)
+
+    async def get(self, effect_id: str) -> Effect:
+        return self.fake.get(effect_id)
+
+    async def receipt(self, effect_id: str) -> Receipt:
+        return self.fake.receipt(effect_id)
+
+    async def history(self, effect_id: str, at_sequence: int | None = None) -> History:
+        raise NotImplementedError
+
+
+def test_wait_returns_the_effect_once_it_settles(clock) -> None:
+    broker = FakeBroker(clock, ["prepared", "dispatching", "succeeded"])
+    assert broker.wait("e", timeout=5).status == "succeeded"
+    assert broker.reads == 3
+    assert clock.sleeps == pytest.approx([0.05, 0.075])
+
+
+def test_an_unsafe_unknown_outcome_is_raised_at_once(clock) -> None:
+    # Nothing automatic settles an unsafe effect: waiting longer cannot help.
+    broker = FakeBroker(clock, ["dispatching", "outcome_unknown"], safety="unsafe")
+    with pytest.raises(OutcomeUnknown) as error:
+        broker.wait("e", timeout=60)
+    assert error.value.needs_operator is True
+    assert error.value.effect is not None
+    assert error.value.effect.status == "outcome_unknown"
+    assert (error.value.code, broker.reads) == ("outcome_unknown", 2)
+    message = str(error.value)
+    assert "nobody knows yet" in message
+    assert "an operator must" in message
+    assert "order:42:charge:v1" in message
+    assert not _NEW_KEY_ADVICE.search(message)
+
+
+def test_manual_review_is_raised_as_an_unknown_outcome(clock) -> None:
+    broker = FakeBroker(clock, ["manual_review"], safety="idempotent")
+    with pytest.raises(OutcomeUnknown) as error:
+        broker.wait("e", timeout=60)
+    assert error.value.needs_operator is True
+    assert error.value.extras["effect_status"] == "manual_review"
+
+
+def test_a_reconcilable_unknown_outcome_is_waited_through(clock) -> None:
+    # The broker probes the target; the lookup finds the charge.
+    broker = FakeBroker(
+        clock, ["outcome_unknown", "reconciling", "succeeded"], safety="reconcilable"
+    )
+    assert broker.wait("e", timeout=5).status == "succeeded"
+
+
+def test_running_out_of_time_while_reconciling_is_an_unknown_outcome(clock) -> None:
+    broker = FakeBroker(clock, ["reconciling"], safety="reconcilable")
+    with pytest.raises(OutcomeUnknown) as error:
+        broker.wait("e", timeout=1.0)
+    assert error.value.needs_operator is False
+    assert "still reconciling" in str(error.value)
+    assert clock.now == pytest.approx(1.0)
+
+
+def test_running_out_of_time_while_in_progress_is_a_wait_timeout(clock) -> None:
+    broker = FakeBroker(clock, ["dispatching"])
+    with pytest.raises(WaitTimeout) as error:
+        broker.wait("e", timeout=0.5)
+    assert error.value.effect.status == "dispatching"
+    assert "order:42:charge:v1" in str(error.value)
+    assert clock.now == pytest.approx(0.5)
+
+
+def test_perform_returns_the_receipt_result(clock) -> None:
+    broker = FakeBroker(clock, ["succeeded"])
+    assert broker.perform("charge_card", "k:1", {"a": 1}) == {"charge_id": "ch_1"}
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [("failed_final", EffectFailed), ("compensated", EffectCompensated)],
+)
+def test_perform_raises_for_a_settled_effect_that_did_not_succeed(
+    clock, status, error
+) -> None:
+    with pytest.raises(error):
+        FakeBroker(clock, [status]).perform("charge_card", "k:1", {"a": 1})
+
+
+def test_the_decorator_submits_named_arguments_under_the_key(clock) -> None:
+    broker = FakeBroker(clock, ["succeeded"])
+
+    @broker.effect(tool="charge_card", key=lambda order, **_: f"order:{order}:charge:v1")
+    def charge_card(order: str, amount_minor: int, currency: str = "EUR", **extra: Any):
+        raise AssertionError("the body never runs")
+
+    result = charge_card("42", amount_minor=1999, note="gift")
+    assert result == {"charge_id": "ch_1"}
+    assert broker.submitted == [
+        (
+            "order:42:charge:v1",
+            "charge_card",
+            {"order": "42", "amount_minor": 1999, "currency": "EUR", "note": "gift"},
+        )
+    ]
+    assert charge_card.__name__ == "charge_card"
+
+
+def test_the_decorator_can_shape_the_arguments(clock) -> None:
+    broker = FakeBroker(clock, ["succeeded"])
+
+    def wire(order: str, cents: int) -> Mapping[str, Any]:
+        return {"order": order, "amount_minor": cents, "currency": "EUR"}
+
+    @broker.effect(
+        tool="charge_card", key=lambda order, **_: f"o:{order}", arguments=wire
+    )
+    def charge(order: str, cents: int) -> dict: ...
+
+    charge("7", 100)
+    assert broker.submitted[0][2] == {
+        "order": "7",
+        "amount_minor": 100,
+        "currency": "EUR",
+    }
+
+
+def test_the_decorator_raises_an_unknown_outcome_plainly(clock) -> None:
+    broker = FakeBroker(clock, ["outcome_unknown"], safety="unsafe")
+
+    @broker.effect(tool="charge_card", key=lambda order: f"order:{order}:charge:v1")
+    def charge(order: str) -> dict: ...
+
+    with pytest.raises(OutcomeUnknown):
+        charge("42")
+
+
+def test_the_decorator_lets_a_payload_conflict_through(clock) -> None:
+    class Conflicting(FakeBroker):
+        def submit(self, *args: Any, **kwargs: Any) -> Effect:
+            raise PayloadConflict("Inspect the existing effect e1", status=409)
+
+    @Conflicting(clock, ["succeeded"]).effect(tool="t", key=lambda x: f"k:{x}")
+    def call(x: int) -> dict: ...
+
+    with pytest.raises(PayloadConflict):
+        call(1)
+
+
+def test_the_decorator_refuses_what_it_cannot_name(clock) -> None:
+    broker = FakeBroker(clock, ["succeeded"])
+    with pytest.raises(TypeError, match="need names"):
+
+        @broker.effect(tool="t", key=lambda **_: "k")
+        def positional(*items: int) -> dict: ...
+
+    with pytest.raises(TypeError, match="AsyncBrokerClient"):
+
+        @broker.effect(tool="t", key=lambda **_: "k")
+        async def coroutine(x: int) -> dict: ...
+
+
+def test_the_async_decorator_works_on_async_functions(clock) -> None:
+    fake = FakeBroker(clock, ["dispatching", "succeeded"])
+    broker = AsyncFakeBroker(fake, clock)
+
+    @broker.effect(tool="charge_card", key=lambda order, **_: f"order:{order}:charge:v1")
+    async def charge_card(order: str, amount_minor: int) -> dict: ...
+
+    assert asyncio.run(charge_card("42", 1999)) == {"charge_id": "ch_1"}
+    assert fake.submitted[0][0] == "order:42:charge:v1"
+    with pytest.raises(TypeError, match="BrokerClient"):
+
+        @broker.effect(tool="t", key=lambda **_: "k")
+        def plain(x: int) -> dict: ...
+
+
+def test_the_async_wait_raises_an_unknown_outcome_plainly(clock) -> None:
+    broker = AsyncFakeBroker(FakeBroker(clock, ["manual_review"]), clock)
+    with pytest.raises(OutcomeUnknown):
+        asyncio.run(broker.wait("e", timeout=5))
