@@ -1,0 +1,119 @@
+"""``effect-broker demo crash-matrix`` options as a user runs them: ``--only`` (a typo
+is one line and exit 2), ``--png`` and ``--json`` on a one-cell run, and a charge that
+no cell counted failing the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+#: Runs the matrix with its cells replaced by one stray charge in the target's table:
+#: the real rig, the real audit, the real exit code.
+STRAY = """
+import os, sys
+import django
+import httpx
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+django.setup()
+from examples.crash_matrix import matrix
+
+def stray_only(rig, chosen, run_id, **options):
+    if os.environ["STRAY"] == "1":
+        httpx.post(
+            rig.target.url + "/unsafe/charges", json={"stray": True}, trust_env=False
+        ).raise_for_status()
+    return []
+
+matrix._run_cells = stray_only
+sys.exit(matrix.run_matrix(sys.stdout, only=["idempotent/after_receipt_commit"],
+                           json_path=__import__("pathlib").Path(sys.argv[1])))
+"""
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_BROKER_")}
+    return {**env, **extra}
+
+
+def run(*args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=clean_env(**env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_an_only_pattern_that_selects_no_cell_is_one_line_and_exit_2() -> None:
+    result = run(
+        "-m", "effect_broker.cli", "demo", "crash-matrix", "--only", "idempotent,nosuch"
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(
+        "effect-broker: error [invalid_request]: --only 'nosuch' matches no cell;"
+    )
+    assert result.stdout == ""  # refused before any rig was started
+
+
+@pytest.mark.slow
+def test_one_cell_run_draws_the_png_and_shows_the_gate(tmp_path: Path) -> None:
+    png, out = tmp_path / "m.png", tmp_path / "m.json"
+    result = run(
+        "-m",
+        "effect_broker.cli",
+        "demo",
+        "crash-matrix",
+        "--only",
+        "reconcilable/after_target_commit",
+        "--png",
+        str(png),
+        "--json",
+        str(out),
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "selected 1 of 38 cells" in result.stdout
+    assert "stop/go gate holds" in result.stdout
+    data = json.loads(out.read_text())
+    [cell] = data["cells"]
+    # The broker settles once; both baselines resend after the kill and charge twice.
+    assert (cell["target_effects"], cell["naive_effects"], cell["ledger_effects"]) == (
+        1,
+        2,
+        2,
+    )
+    assert data["gate"] == ["reconcilable/after_target_commit"]
+    assert data["unattributed"] == []
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stray", "code"), [("0", 0), ("1", 1)])
+def test_a_charge_no_cell_counted_fails_the_run(
+    tmp_path: Path, stray: str, code: int
+) -> None:
+    out = tmp_path / "m.json"
+    result = run("-c", STRAY, str(out), STRAY=stray)
+    assert result.returncode == code, result.stdout[-3000:] + result.stderr[-2000:]
+    data = json.loads(out.read_text())
+    if stray == "1":
+        [charge] = data["unattributed"]
+        assert charge["mode"] == "unsafe"
+        assert "UNATTRIBUTED target charge" in result.stdout
+        assert "1 unattributed target charges" in result.stdout
+    else:
+        assert data["unattributed"] == []
