@@ -203,7 +203,8 @@ async def _run(args: argparse.Namespace) -> None:
                     _failpoint(args.failpoint, "before_receipt_commit")
                     return {"status": "succeeded"}
 
-                await ledger.run(call, write_local, tx=conn, run_options=options)
+                # Its store sets dict rows per cursor; the row type is only typing.
+                await ledger.run(call, write_local, tx=conn, run_options=options)  # type: ignore[arg-type]
         else:
 
             async def charge(effect: Effect) -> dict[str, Any]:

@@ -47,7 +47,9 @@ from examples.crash_matrix.report import (
     duplicated,
     gate_cells,
     gate_lines,
+    random_lines,
     render_table,
+    unattributed_line,
 )
 from examples.crash_matrix.rig import Rig, open_rig
 
@@ -249,24 +251,6 @@ def _run_cells(
     return results
 
 
-def _random_lines(totals: dict[str, Any], runs: int, seed: int) -> list[str]:
-    lines = [f"random kill timing, {runs} runs (seed {seed}):"]
-    for scenario, t in totals.items():
-        lines.append(
-            f"  {scenario:<13} runs={t.get('runs', 0)} effects={t.get('effects', 0)} "
-            f"killed_in_flight={t.get('killed_in_flight', 0)} "
-            f"duplicates={t.get('duplicates', 0)} unknown={t.get('unknown', 0)} "
-            f"missing={t.get('missing', 0)} violations={t.get('violations', 0)}"
-        )
-    in_flight = sum(t.get("killed_in_flight", 0) for t in totals.values())
-    lines.append(
-        f"  kills landed while {in_flight} of {runs} effects were in flight (their "
-        "lease had to expire)"
-        + ("" if in_flight else " - NONE: these runs did not test a mid-flight kill")
-    )
-    return lines
-
-
 def run_matrix(
     out: TextSink,
     *,
@@ -351,16 +335,12 @@ def run_matrix(
     failed_runs = 0
     in_flight: int | None = None
     if totals is not None:
-        for line in _random_lines(totals, runs, seed):
+        for line in random_lines(totals, runs, seed):
             report.say(line)
         failed_runs = sum(t.get("violations", 0) for t in totals.values())
         in_flight = sum(t.get("killed_in_flight", 0) for t in totals.values())
     for charge in unattributed:
-        report.say(
-            f"UNATTRIBUTED target charge {charge.id}: mode={charge.mode} "
-            f"key={charge.key or '-'} body_hash={charge.body_hash.hex()[:16]}... - no "
-            "cell counted it, so no verdict saw it"
-        )
+        report.say(unattributed_line(charge))
     for line in gate_lines(results, missing):
         report.say(line)
     passed = sum(r.verdict == "pass" for r in results)

@@ -7,7 +7,10 @@ safe classes, at most one for unsafe (spec "Killer demo").
 
 from __future__ import annotations
 
+from typing import Any
+
 from examples.crash_matrix.cells import CellResult
+from examples.crash_matrix.target_client import Charge
 
 LEDGER = "agent-ledger"
 
@@ -83,3 +86,31 @@ def render_table(results: list[CellResult], ledger_missing: str | None = None) -
             f"| {naive} | {ledger} | {verdict} |"
         )
     return "\n".join(lines)
+
+
+def random_lines(totals: dict[str, Any], runs: int, seed: int) -> list[str]:
+    """The random-kill runs' tally per class; how many effects a kill hit in flight."""
+    lines = [f"random kill timing, {runs} runs (seed {seed}):"]
+    for scenario, t in totals.items():
+        lines.append(
+            f"  {scenario:<13} runs={t.get('runs', 0)} effects={t.get('effects', 0)} "
+            f"killed_in_flight={t.get('killed_in_flight', 0)} "
+            f"duplicates={t.get('duplicates', 0)} unknown={t.get('unknown', 0)} "
+            f"missing={t.get('missing', 0)} violations={t.get('violations', 0)}"
+        )
+    in_flight = sum(t.get("killed_in_flight", 0) for t in totals.values())
+    lines.append(
+        f"  kills landed while {in_flight} of {runs} effects were in flight (their "
+        "lease had to expire)"
+        + ("" if in_flight else " - NONE: these runs did not test a mid-flight kill")
+    )
+    return lines
+
+
+def unattributed_line(charge: Charge) -> str:
+    """One charge in the target's table that no cell counted."""
+    return (
+        f"UNATTRIBUTED target charge {charge.id}: mode={charge.mode} "
+        f"key={charge.key or '-'} body_hash={charge.body_hash.hex()[:16]}... - no "
+        "cell counted it, so no verdict saw it"
+    )

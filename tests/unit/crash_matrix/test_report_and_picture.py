@@ -13,6 +13,7 @@ from examples.crash_matrix.report import (
     baseline_kept,
     gate_cells,
     gate_lines,
+    random_lines,
     render_table,
 )
 
@@ -120,3 +121,20 @@ def test_png_is_a_valid_picture_of_every_row(tmp_path: Path) -> None:
     height, width, _ = matplotlib.image.imread(path).shape
     assert width > 600
     assert height > 250
+
+
+def test_random_runs_report_how_many_effects_a_kill_hit_in_flight() -> None:
+    totals = {
+        "idempotent": {"runs": 4, "effects": 4, "killed_in_flight": 2},
+        "unsafe": {"runs": 2, "effects": 2, "killed_in_flight": 1},
+    }
+    lines = random_lines(totals, 6, 7)
+    assert lines[0] == "random kill timing, 6 runs (seed 7):"
+    assert "killed_in_flight=2" in lines[1]
+    assert lines[-1] == (
+        "  kills landed while 3 of 6 effects were in flight (their lease had to expire)"
+    )
+    quiet = {"idempotent": {"runs": 6, "effects": 6}}
+    assert random_lines(quiet, 6, 7)[-1].endswith(
+        "- NONE: these runs did not test a mid-flight kill"
+    )
