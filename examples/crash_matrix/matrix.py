@@ -58,6 +58,11 @@ if TYPE_CHECKING:
 
 __all__ = ["SCENARIOS", "random_runs", "render_table", "run_matrix"]
 
+#: The cell kinds ``_run_cells`` dispatches: a new kind in ``plan`` needs both.
+RUNNABLE = frozenset(
+    {plan.KILL, plan.CONCURRENT, plan.ZOMBIE, plan.TARGET_DOWN, plan.DB_RESTART}
+)
+
 
 class Reporter:
     """Progress lines while the matrix runs (flushed, so a pipe shows them live)."""
@@ -196,6 +201,9 @@ def _run_cells(
     between: Callable[[], None],
 ) -> list[CellResult]:
     """Run the chosen cells, group by group; ``between`` runs before the restarts."""
+    if unknown := sorted({cell.kind for cell in chosen} - RUNNABLE):
+        # A planned cell nobody runs would silently drop out of the table.
+        raise RuntimeError(f"no runner for planned cell kind(s) {unknown}")
     kinds: dict[str, list[str]] = {}
     kills = []
     for cell in chosen:
@@ -328,10 +336,15 @@ def run_matrix(
         )
     )
     failed = [r for r in results if r.verdict == "FAIL"]
+    ran = {f"{r.scenario}/{r.case}" for r in results}
+    # A planned cell with no row of that name was not judged: that fails the run too.
+    not_run = [cell.name for cell in chosen if cell.name not in ran]
     elapsed = time.monotonic() - report.started
     report.say("")
     report.say(render_table(results, missing))
     report.say("")
+    for name in not_run:
+        report.say(f"PLANNED CELL WITHOUT A RESULT: {name}")
     failed_runs = 0
     in_flight: int | None = None
     if totals is not None:
@@ -386,6 +399,7 @@ def run_matrix(
             "baseline_duplicates": {"naive": naive_dupes, "agent_ledger": ledger_dupes},
             "gate": [f"{r.scenario}/{r.case}" for r in gate_cells(results)],
             "unattributed": [charge.as_dict() for charge in unattributed],
+            "not_run": not_run,
         }
         json_path.write_text(json.dumps(document, indent=2))
-    return 1 if failed or failed_runs or unattributed else 0
+    return 1 if failed or failed_runs or unattributed or not_run else 0

@@ -68,3 +68,24 @@ def test_a_pattern_that_selects_nothing_is_named_in_a_one_line_error() -> None:
     message = str(caught.value)
     assert message.startswith("--only 'idempotnt/after' matches no cell")
     assert "\n" not in message
+
+
+def test_every_planned_kind_has_a_runner() -> None:
+    from examples.crash_matrix.matrix import RUNNABLE
+
+    assert {cell.kind for cell in plan.all_cells()} <= RUNNABLE
+
+
+def test_a_kind_without_a_runner_is_refused_before_any_cell_runs() -> None:
+    from examples.crash_matrix import matrix
+
+    with pytest.raises(RuntimeError, match=r"no runner for planned cell kind\(s\)"):
+        matrix._run_cells(
+            None,  # type: ignore[arg-type]  # refused before the rig is touched
+            [plan.CellId("frozen worker", "idempotent", "frozen worker")],
+            "run",
+            parallel=1,
+            ledger=False,
+            report=None,  # type: ignore[arg-type]
+            between=lambda: None,
+        )
