@@ -15,10 +15,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
-#: Runs the matrix with its cells replaced by one stray charge in the target's table:
-#: the real rig, the real audit, the real exit code.
+#: Runs the matrix on one real cell, then (STRAY=stray) adds a charge no cell made, or
+#: (STRAY=drop) throws the cell's result away: the real rig, audit and exit code.
 STRAY = """
 import os, sys
+from pathlib import Path
 import django
 import httpx
 
@@ -26,16 +27,20 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django.setup()
 from examples.crash_matrix import matrix
 
-def stray_only(rig, chosen, run_id, **options):
-    if os.environ["STRAY"] == "1":
+real_cells = matrix._run_cells
+
+def cells_then_fault(rig, *args, **options):
+    results = real_cells(rig, *args, **options)
+    if os.environ["STRAY"] == "stray":
         httpx.post(
             rig.target.url + "/unsafe/charges", json={"stray": True}, trust_env=False
         ).raise_for_status()
-    return []
+    return [] if os.environ["STRAY"] == "drop" else results
 
-matrix._run_cells = stray_only
-sys.exit(matrix.run_matrix(sys.stdout, only=["idempotent/after_receipt_commit"],
-                           json_path=__import__("pathlib").Path(sys.argv[1])))
+matrix._run_cells = cells_then_fault
+sys.exit(matrix.run_matrix(
+    sys.stdout, only=["idempotent/after_receipt_commit"], json_path=Path(sys.argv[1])
+))
 """
 
 
@@ -102,18 +107,27 @@ def test_one_cell_run_draws_the_png_and_shows_the_gate(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("stray", "code"), [("0", 0), ("1", 1)])
-def test_a_charge_no_cell_counted_fails_the_run(
-    tmp_path: Path, stray: str, code: int
+@pytest.mark.parametrize(("fault", "code"), [("none", 0), ("stray", 1), ("drop", 1)])
+def test_a_charge_or_a_cell_no_verdict_saw_fails_the_run(
+    tmp_path: Path, fault: str, code: int
 ) -> None:
     out = tmp_path / "m.json"
-    result = run("-c", STRAY, str(out), STRAY=stray)
+    result = run("-c", STRAY, str(out), STRAY=fault)
     assert result.returncode == code, result.stdout[-3000:] + result.stderr[-2000:]
     data = json.loads(out.read_text())
-    if stray == "1":
+    if fault == "stray":
         [charge] = data["unattributed"]
         assert charge["mode"] == "unsafe"
         assert "UNATTRIBUTED target charge" in result.stdout
-        assert "1 unattributed target charges" in result.stdout
+        assert "; 1 unattributed target charges" in result.stdout
     else:
+        # The cell's own charges (broker, naive, agent-ledger) are all attributed.
         assert data["unattributed"] == []
+    if fault == "drop":
+        assert data["not_run"] == ["idempotent/after_receipt_commit"]
+        assert "PLANNED CELL WITHOUT A RESULT" in result.stdout
+    else:
+        assert data["not_run"] == []
+        [cell] = data["cells"]
+        assert (cell["target_effects"], cell["naive_effects"]) == (1, 1)
+        assert cell["ledger_effects"] == 1
