@@ -35,6 +35,21 @@ def add_crash_matrix_arguments(parser: CommandParser) -> None:
     parser.add_argument(
         "--parallel", type=int, default=3, help="cells run at the same time (default 3)"
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="PATTERN",
+        help=(
+            "run only the cells named scenario/case that PATTERN matches (substring, "
+            "or a glob with * ? [); repeat it or give a comma list"
+        ),
+    )
+    parser.add_argument(
+        "--png",
+        type=Path,
+        metavar="PATH",
+        help="also draw the matrix (cells x broker/naive/agent-ledger) as a PNG here",
+    )
 
 
 def run_crash_matrix(out: TextSink, options: dict[str, Any]) -> int:
@@ -46,8 +61,17 @@ def run_crash_matrix(out: TextSink, options: dict[str, Any]) -> int:
     if not 1 <= options["parallel"] <= 16:
         raise InvalidRequestError("--parallel must be between 1 and 16")
     # Imported here: the demo lives in examples/ and needs the dev install.
+    from examples.crash_matrix import plan
     from examples.crash_matrix.matrix import run_matrix
+    from examples.crash_matrix.picture import matplotlib_missing
 
+    only = plan.parse_only(options.get("only"))
+    try:
+        plan.select(plan.all_cells(), only)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from exc
+    if options.get("png") is not None and (why := matplotlib_missing()):
+        raise InvalidRequestError(f"--png: {why}")
     return run_matrix(
         out,
         workers=options["workers"],
@@ -55,4 +79,6 @@ def run_crash_matrix(out: TextSink, options: dict[str, Any]) -> int:
         runs=options["runs"],
         seed=options["seed"],
         json_path=options["json"],
+        only=only,
+        png_path=options.get("png"),
     )

@@ -40,6 +40,8 @@ class CellResult:
     verdict: str  # "pass" | "FAIL" | "skipped"
     note: str
     seconds: float
+    #: Target charges of the agent-ledger baseline under the same fault (None: not run).
+    ledger_effects: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

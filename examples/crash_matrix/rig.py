@@ -2,7 +2,9 @@
 pool of real worker processes, and helpers to submit, wait and count.
 
 Everything the verdicts rely on is read from the source of truth: target effects from
-the target's own table (never from the broker), broker state from the ledger.
+the target's own table (never from the broker), broker state from the ledger. Every
+count of target charges is also a claim (``examples.crash_matrix.attribution``), so the
+run can name any charge that no cell counted.
 """
 
 from __future__ import annotations
@@ -36,9 +38,15 @@ from effect_broker.models import EffectReceipt, StaleWrite, Tenant
 from effect_broker.services import runtime
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import create_tenant
+from examples.crash_matrix.attribution import ChargeClaims
 from examples.crash_matrix.contracts import TOOLS, write_contracts
 from examples.crash_matrix.naive_runner import ensure_schema
-from examples.crash_matrix.target_client import TargetProcess, start_target
+from examples.crash_matrix.target_client import (
+    KEY_COLUMNS,
+    Charge,
+    TargetProcess,
+    start_target,
+)
 from examples.crash_matrix.workers import ROOT, WorkerProcess, broker_env, wait_until
 
 OPERATION_KEY = "order:42:charge:v1"
@@ -107,6 +115,8 @@ class Rig:
         self.pool: WorkerPool | None = None
         #: The rig's own embedded server (None when DATABASE_URL names the server).
         self.embedded_project_dir: Path | None = None
+        #: What each cell counted, to find the charges no cell did.
+        self.claims = ChargeClaims()
 
     def env(self) -> dict[str, str]:
         """Environment of every broker child process of this rig."""
@@ -186,12 +196,28 @@ class Rig:
             connection.close()
 
     def target_effects(self, scenario: str, body: dict[str, Any], key: str = "") -> int:
-        """Effects the target really applied, from its own table."""
+        """Effects the target really applied for a broker effect, from its own table.
+
+        Keyed modes count by the downstream key the broker sends (``key``): every
+        charge under it is the effect's, whatever its body. Unsafe counts by body.
+        """
         if scenario == "transactional":
             from effect_broker.adapters.simulated_adapter import local_effect_count
 
             return local_effect_count(key)
+        if scenario in KEY_COLUMNS:
+            self.claims.claim_key(scenario, key, f"broker/{body.get('cell', '')}")
+            return self.target.count_by_key(scenario, key)
+        return self.count_baseline(scenario, body)
+
+    def count_baseline(self, mode: str, body: dict[str, Any]) -> int:
+        """Target charges of ``mode`` with exactly ``body`` (claimed for its cell)."""
+        self.claims.claim_body(mode, body, str(body.get("cell", "")))
         return self.target.count_by_body(body)
+
+    def unattributed(self) -> list[Charge]:
+        """Charges in the target's table that no count of this run claimed."""
+        return self.claims.unattributed(self.target.charges())
 
     def restart_target(self, port: int) -> None:
         """Bring the target back on the same port (its table survives in Postgres)."""
@@ -252,7 +278,7 @@ class Rig:
                 break
         if scenario == "transactional":
             return self.naive_local_effects(key)
-        return self.target.count_by_body(body)
+        return self.count_baseline(scenario, body)
 
 
 def create_scratch_database(admin_url: str, name: str) -> None:

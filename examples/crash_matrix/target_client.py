@@ -5,6 +5,12 @@ process and waits for its port file, so nothing races the bind. ``count_charges`
 the target's table with direct SQL: the target's own truth, independent of anything the
 service (or the broker) says about it. ``ServiceHarness`` adapts a running service to
 ``effect_broker.adapters.conformance.TargetHarness``.
+
+Counting (issue 9, "Test target"): a charge made under a downstream key is counted by
+that key in the column its mode stores it in (``count_by_key``); a charge without one
+(unsafe mode, and the baselines' charges, whose keys the matrix does not control) by
+the hash of its body (``count_by_body``). ``charges`` lists every row, so the matrix
+can report the ones no cell counted.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
@@ -27,6 +34,40 @@ from psycopg import sql
 from effect_broker.domain.contracts import parse_duration
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The column in which the target stores the downstream key of each keyed mode.
+KEY_COLUMNS = {"idempotent": "idempotency_key", "reconcilable": "correlation_key"}
+
+
+def body_digest(body: dict[str, Any]) -> bytes:
+    """The target's ``body_hash`` of ``body`` (SHA-256 of its sorted, compact JSON)."""
+    return hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    ).digest()
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One row of the target's ``charges`` table, as the matrix attributes it."""
+
+    id: str
+    mode: str
+    idempotency_key: str | None
+    correlation_key: str | None
+    body_hash: bytes
+
+    @property
+    def key(self) -> str | None:
+        """The downstream key this charge was made under (None: unkeyed)."""
+        return self.idempotency_key if self.mode == "idempotent" else self.correlation_key
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the body hash in hex)."""
+        return {
+            "id": self.id,
+            "mode": self.mode,
+            "key": self.key,
+            "body_hash": self.body_hash.hex(),
+        }
 
 
 class TargetProcess:
@@ -91,15 +132,36 @@ class TargetProcess:
         Unsafe charges carry no key; a body unique to one test case still maps every
         row back to the case that caused it.
         """
-        digest = hashlib.sha256(
-            json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-        ).digest()
         query = sql.SQL("SELECT count(*) FROM {}.charges WHERE body_hash = %s").format(
             sql.Identifier(self.schema)
         )
         with psycopg.connect(self.database_url, autocommit=True) as conn:
-            row = conn.execute(query, [digest]).fetchone()
+            row = conn.execute(query, [body_digest(body)]).fetchone()
         return int(row[0]) if row else 0
+
+    def count_by_key(self, mode: str, key: str) -> int:
+        """Rows of keyed ``mode`` made under downstream ``key``, whatever their body.
+
+        A body-blind count: a charge the target committed under the effect's key is
+        the effect's charge even if its body differs from the one the cell sent.
+        """
+        column = KEY_COLUMNS[mode]  # KeyError: unsafe mode has no key to count by
+        query = sql.SQL(
+            "SELECT count(*) FROM {}.charges WHERE mode = %s AND {} = %s"
+        ).format(sql.Identifier(self.schema), sql.Identifier(column))
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            row = conn.execute(query, [mode, key]).fetchone()
+        return int(row[0]) if row else 0
+
+    def charges(self) -> list[Charge]:
+        """Every row of the target's table, oldest first."""
+        query = sql.SQL(
+            "SELECT id, mode, idempotency_key, correlation_key, body_hash "
+            "FROM {}.charges ORDER BY created_at, id"
+        ).format(sql.Identifier(self.schema))
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            rows = conn.execute(query).fetchall()
+        return [Charge(row[0], row[1], row[2], row[3], bytes(row[4])) for row in rows]
 
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM and wait; SIGKILL if it does not exit in ``timeout`` seconds."""
@@ -246,4 +308,10 @@ class ServiceHarness:
         time.sleep(self.target.settlement_delay.total_seconds() + 0.05)
 
 
-__all__ = ["ServiceHarness", "TargetProcess", "start_target"]
+__all__ = [
+    "Charge",
+    "ServiceHarness",
+    "TargetProcess",
+    "body_digest",
+    "start_target",
+]

@@ -1,0 +1,81 @@
+"""The cells of one crash-matrix run, and ``--only`` to pick some of them.
+
+A cell is named ``scenario/case``, as its table row reads: ``idempotent/
+after_target_commit``, ``unsafe/zombie worker``. ``--only`` takes patterns (repeated,
+or comma-separated): a pattern with ``*``, ``?`` or ``[`` is a glob over the whole name,
+any other pattern a substring; both ignore case. A pattern that selects no cell is an
+error, so a typo never runs an empty (green) matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+from effect_broker.failpoints import FAILPOINTS
+
+SCENARIOS = ["idempotent", "reconcilable", "transactional", "unsafe"]
+#: The classes whose target is across a network (a zombie or a down target applies).
+NETWORK = ["idempotent", "reconcilable", "unsafe"]
+HEADLINE = ("idempotent", "after_target_commit")
+
+KILL = "kill"
+CONCURRENT = "10 concurrent submits"
+ZOMBIE = "zombie worker"
+TARGET_DOWN = "target down"
+DB_RESTART = "postgres restart"
+
+
+@dataclass(frozen=True)
+class CellId:
+    """One planned cell: its kind (how it runs), its class and its case name."""
+
+    kind: str
+    scenario: str
+    case: str
+
+    @property
+    def name(self) -> str:
+        """``scenario/case``, what ``--only`` matches."""
+        return f"{self.scenario}/{self.case}"
+
+
+def all_cells() -> list[CellId]:
+    """Every cell of a full run, in the order the table lists them."""
+    cells = [CellId(KILL, s, fp) for s in SCENARIOS for fp in FAILPOINTS]
+    cells += [CellId(CONCURRENT, s, CONCURRENT) for s in SCENARIOS]
+    cells += [CellId(ZOMBIE, s, ZOMBIE) for s in NETWORK]
+    cells += [CellId(TARGET_DOWN, s, TARGET_DOWN) for s in NETWORK]
+    cells += [CellId(DB_RESTART, s, DB_RESTART) for s in SCENARIOS]
+    return cells
+
+
+def parse_only(values: Iterable[str] | None) -> list[str]:
+    """``--only`` values (repeated and/or comma lists) as a flat list of patterns."""
+    return [p.strip() for value in values or () for p in value.split(",") if p.strip()]
+
+
+def matches(pattern: str, name: str) -> bool:
+    """Whether ``pattern`` (a glob if it has a wildcard, else a substring) selects."""
+    pattern, name = pattern.lower(), name.lower()
+    if any(c in pattern for c in "*?["):
+        return fnmatchcase(name, pattern)
+    return pattern in name
+
+
+def select(cells: list[CellId], patterns: list[str]) -> list[CellId]:
+    """The cells any pattern selects (all when there is none), in plan order.
+
+    Raises ``ValueError`` naming the first pattern that selects nothing.
+    """
+    if not patterns:
+        return list(cells)
+    for pattern in patterns:
+        if not any(matches(pattern, cell.name) for cell in cells):
+            raise ValueError(
+                f"--only {pattern!r} matches no cell; cells are named scenario/case, "
+                f"scenarios {', '.join(SCENARIOS)}, cases "
+                f"{', '.join(dict.fromkeys(cell.case for cell in cells))}"
+            )
+    return [c for c in cells if any(matches(p, c.name) for p in patterns)]
