@@ -16,8 +16,10 @@ from typing import IO, Any
 
 from django.db import connection
 
+from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus
 from effect_broker.models import EffectEvent, Tenant
+from effect_broker.services.sweeper import sweep
 from examples.crash_matrix.cells import charge_body
 from examples.crash_matrix.contracts import TOOLS
 from examples.crash_matrix.edge_support import (
@@ -241,32 +243,49 @@ class SkewedSweeper:
 CLOCK_EFFECTS = 4
 
 
-def _stamp_offset(record: Any, worker_name: str) -> float | None:
-    """Seconds between the reservation's event stamp (this process's clock) and the
-    skewed worker's claim stamp: its clock's offset, plus the queueing delay."""
+def _stamp_offset(record: EffectRecord, worker_name: str) -> float | None:
+    """How far the skewed worker's clock was off when it claimed ``record``.
 
-    rows = EffectEvent.objects.filter(effect_id=record.effect_id).order_by("sequence")
-    reserved = next((e for e in rows if e.event_type == "reserved"), None)
-    claim = next(
-        (
-            e
-            for e in rows
-            if e.event_type == "dispatch_started" and e.actor.startswith(worker_name)
-        ),
-        None,
-    )
-    if reserved is None or claim is None:
+    One statement wrote both: the claim event's stamp (the worker's clock) and
+    ``first_dispatch_at`` (the database's clock, set by the first claim only).
+    """
+    claims = EffectEvent.objects.filter(
+        effect_id=record.effect_id, event_type="dispatch_started"
+    ).order_by("sequence")
+    first = claims.first()
+    if (
+        first is None
+        or not first.actor.startswith(worker_name)
+        or record.first_dispatch_at is None
+    ):
         return None
-    return round((claim.occurred_at - reserved.occurred_at).total_seconds(), 1)
+    return round((first.occurred_at - record.first_dispatch_at).total_seconds(), 1)
+
+
+def _while_skewed_lease_is_live(
+    cells: list[tuple[Tenant, dict[str, Any]]], worker_name: str
+) -> int:
+    """Wait until the skewed worker holds a live lease on one of the cell's effects;
+    return how many of them are in flight then (0: it took none in time)."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        records = [effect_by_key(t) for t, _ in cells]
+        live = [r for r in records if r.status is EffectStatus.DISPATCHING]
+        if any((r.lease_owner or "").startswith(worker_name) for r in live):
+            return len(live)
+        time.sleep(0.05)
+    return 0
 
 
 def clock_skew_cell(rig: Rig, scenario: str, seconds: int, run: str) -> EdgeCellResult:
     """An extra worker and a sweeper whose wall clocks are ``seconds`` off.
 
-    While every effect of the cell is in flight (the target answers each after 2 s,
-    inside the attempt's limit), the skewed sweeper sweeps: a lease compared with its
-    clock would look expired (+20 s) and one written from a -20 s clock would look
-    expired to every other sweeper. Neither may happen: leases are the database's.
+    The target answers each of the cell's effects after 1 s (well inside the attempt's
+    limit of 2.5 s). While the skewed worker holds one of their leases, two sweeps
+    run: the skewed sweeper's (a lease compared with a +20 s clock looks expired) and
+    one on the true clock (a lease written from a -20 s clock would look expired to
+    it). Neither may expire anything: leases are written and compared on the
+    database's clock.
     """
     case = CLOCK_AHEAD if seconds > 0 else CLOCK_BEHIND
     started = time.monotonic()
@@ -275,31 +294,28 @@ def clock_skew_cell(rig: Rig, scenario: str, seconds: int, run: str) -> EdgeCell
     sweeper = SkewedSweeper(env)
     try:
         worker = start_skewed_worker(rig, name, env)
+        phases = {"ready": round(time.monotonic() - started, 1)}
         try:
             requests_before = requests_seen(rig)
-            rig.target.inject("slow_after_commit", times=CLOCK_EFFECTS, seconds=2.0)
+            rig.target.inject("slow_after_commit", times=CLOCK_EFFECTS, seconds=1.0)
             cells: list[tuple[Tenant, dict[str, Any]]] = []
             for i in range(CLOCK_EFFECTS):
                 tenant = rig.new_tenant(f"{scenario}-clock{seconds:+d}-{i}")
                 body = charge_body(scenario, f"clock{seconds:+d}", f"{run}-{i}")
                 submit_tool(tenant, TOOLS[scenario], body)
                 cells.append((tenant, body))
-            submitted = time.monotonic()
-
-            def in_flight() -> int | None:
-                # Sweep with every effect in flight, or with those that are once the
-                # pool had a second to take them (a worker may be busy sweeping).
-                n = sum(
-                    effect_by_key(t).status is EffectStatus.DISPATCHING for t, _ in cells
-                )
-                full = n == CLOCK_EFFECTS or time.monotonic() - submitted > 1.0
-                return n if n and full else None
-
-            live = wait_until(in_flight, timeout=20, interval=0.05, what="a live lease")
+            live = _while_skewed_lease_is_live(cells, name)
+            phases["in_flight"] = round(time.monotonic() - started, 1)
+            # Both sides of the skew, while the leases are live: the skewed sweeper
+            # (a +20 s clock would see them all expired), and one on this host's
+            # clock (a lease written from a -20 s clock would look expired to it).
             swept = sweeper.sweep()
+            swept_here = sweep(actor="edge-true-clock-sweeper").__dict__
             records = [wait_for(t, settled, what="settlement") for t, _ in cells]
+            phases["settled"] = round(time.monotonic() - started, 1)
         finally:
             worker.stop()
+        phases["stopped"] = round(time.monotonic() - started, 1)
     finally:
         sweeper.close()
     sent = requests_seen(rig) - requests_before
@@ -324,10 +340,14 @@ def clock_skew_cell(rig: Rig, scenario: str, seconds: int, run: str) -> EdgeCell
         ),
         "a lease was declared expired or an outcome unknown",
     )
-    checks.expect(bool(live), "the effects were not in flight when swept")
+    checks.expect(live > 0, "the skewed worker held no live lease when swept")
     checks.expect(
         swept.get("leases_expired") == 0,
         f"the skewed sweeper expired {swept.get('leases_expired')} live lease(s)",
+    )
+    checks.expect(
+        swept_here["leases_expired"] == 0,
+        f"a sweeper on the true clock expired {swept_here['leases_expired']} lease(s)",
     )
     checks.expect(
         abs(float(swept.get("datetime_minus_database", 0)) - seconds) < 2,
@@ -335,9 +355,7 @@ def clock_skew_cell(rig: Rig, scenario: str, seconds: int, run: str) -> EdgeCell
     )
     checks.expect(bool(by_skewed), "the skewed worker dispatched no effect")
     checks.expect(
-        # The claim's stamp is the skewed clock's; it also carries the time the job
-        # waited for a worker (up to the 2 s another effect holds one).
-        all(o is not None and seconds - 1 < o < seconds + 5 for o in offsets),
+        all(o is not None and abs(o - seconds) < 1 for o in offsets),
         f"the skewed worker's stamps are not {seconds:+d}s off: {offsets}",
     )
     return edge_result(
@@ -357,7 +375,9 @@ def clock_skew_cell(rig: Rig, scenario: str, seconds: int, run: str) -> EdgeCell
             "charges": counts,
             "requests": sent,
             "leases_live_when_swept": live,
+            "seconds_at": phases,
             "sweep": swept,
+            "sweep_on_true_clock": swept_here,
             "dispatched_by_skewed_worker": len(by_skewed),
             "skewed_worker_stamp_offsets": offsets,
             "events": kinds,
