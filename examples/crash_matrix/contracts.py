@@ -92,7 +92,8 @@ EDGE_TOOLS = {
     # An attempt limit shorter than the target's slow commit, and a settlement bound
     # that covers it: the answer is lost while the row is not yet visible.
     "reconcilable_slow": "charge_reconcilable_slow",
-    # A small retry budget, so retry exhaustion after an unknown attempt is quick.
+    # A small retry budget, so retry exhaustion after an unknown attempt is quick; a
+    # 4 s attempt limit, so a driver has time to queue the fault the resend meets.
     "idempotent_short": "charge_idempotent_short",
 }
 
@@ -108,7 +109,7 @@ version = "1"
 tool = "{EDGE_TOOLS["reconcilable_slow"]}"
 safety = "reconcilable"
 settlement_bound = "2500ms"
-attempt_timeout = "1500ms"
+attempt_timeout = "2s"
 adapter = "http"
 {common}
 [contract.adapter_options]
@@ -123,6 +124,7 @@ version = "1"
 tool = "{EDGE_TOOLS["idempotent_short"]}"
 safety = "idempotent"
 key_retention = "24h"
+attempt_timeout = "4s"
 adapter = "http"
 {short}
 [contract.adapter_options]

@@ -10,9 +10,8 @@ from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus
 from effect_broker.models import Tenant
 from examples.crash_matrix.cells import charge_body
-from examples.crash_matrix.contracts import EDGE_TOOLS, TOOLS
+from examples.crash_matrix.contracts import EDGE_TOOLS
 from examples.crash_matrix.edge_support import (
-    EXHAUSTED,
     IN_PROGRESS,
     SLOW_COMMIT,
     TERMINAL,
@@ -38,12 +37,13 @@ from examples.crash_matrix.workers import wait_until
 def slow_commit_cell(rig: Rig, run: str) -> EdgeCellResult:
     """A short stall before the send, then a commit slower than the attempt's limit.
 
-    Contract ``charge_reconcilable_slow``: attempt limit 1.5 s, settlement bound 2.5 s.
+    Contract ``charge_reconcilable_slow``: attempt limit 2 s, settlement bound 2.5 s.
     The worker stalls 0.8 s after its claim (a GC pause the gate lets through), sends;
     the target holds the charge's transaction 2.2 s (visible 2.2 s after the send, in
-    the bound); the worker's limit ends first: outcome unknown at ~1.5 s, the row not
-    yet visible. Counting the bound from the attempt's start (2.5 s) would probe
-    before the commit at ~3.0 s, conclude "not found" and resend: two charges.
+    the bound); the worker's limit ends first: outcome unknown at ~2 s, the row not
+    yet visible. The first lookup is due at ~5 s (unknown + send margin 0.5 s + bound),
+    2 s after the commit at ~3 s. Counting the bound from the attempt's start would
+    probe at 2.5 s, before the commit, conclude "not found" and resend: two charges.
     """
     scenario, case = "reconcilable", SLOW_COMMIT
     started = time.monotonic()
@@ -97,9 +97,11 @@ def _lose_first_answer(
     """Attempt 1 commits at the target and gets no answer within its time limit.
 
     Returns once the charge is in the target's table; the resend comes only when the
-    attempt's limit (2.5 s after the claim) ends, so a fault queued now meets it.
+    attempt's limit (4 s after the claim, ``charge_idempotent_short``) ends, so a
+    fault queued now meets the resend (faults are taken in a fixed order, not FIFO:
+    queued together, a refusal would meet attempt 1).
     """
-    rig.target.inject("hang_after_commit", times=1, seconds=4.0)
+    rig.target.inject("hang_after_commit", times=1, seconds=6.0)
     record = submit_tool(tenant, tool, body)
     wait_until(
         lambda: rig.target.count_charges(mode="idempotent", key=record.downstream_key),
@@ -115,7 +117,8 @@ def refusal_after_unknown_cell(rig: Rig, case: str, run: str) -> EdgeCellResult:
     started = time.monotonic()
     tenant = rig.new_tenant(f"idempotent-{case.split()[0]}")
     body = charge_body(scenario, case.replace(" ", "-"), run)
-    tool = EDGE_TOOLS["idempotent_short"] if case == EXHAUSTED else TOOLS[scenario]
+    # retry_limit 2: attempt 1 lost, attempt 2 refused, attempt 3 the last allowed.
+    tool = EDGE_TOOLS["idempotent_short"]
     requests_before = requests_seen(rig)
     _lose_first_answer(rig, tenant, tool, body)
     if case == IN_PROGRESS:
