@@ -1,55 +1,64 @@
 """The crash matrix's edge cells (issue 9), run against real worker processes.
 
-Opens the crash-matrix rig (its own embedded server or a DATABASE_URL scratch
-database, the target service, three real workers) in this process, runs every edge
-cell and checks each verdict and the facts behind it: charges counted by downstream
-key in the target's own table, the target's request counter, statuses, the refusal
-code and the fork link. Each cell's own rules must all hold (``verdict == "pass"``);
-the facts are asserted again here so that a loosened rule in a cell cannot hide.
+Runs ``python -m examples.crash_matrix.edge_run``: it opens the crash-matrix rig (its
+own embedded server or a DATABASE_URL scratch database, the target service, three real
+workers), runs every edge cell (``edge_cells``) and writes the rows. This module checks
+each verdict and the facts behind it: charges counted by downstream key in the
+target's own table, the target's request counter, statuses, the refusal code and the
+fork link. Each cell's own rules must all hold (``verdict == "pass"``); the facts are
+asserted again here, so that a loosened rule in a cell cannot hide.
 """
 
 from __future__ import annotations
 
 import json
-import time
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
+ROOT = Path(__file__).resolve().parents[2]
+
 Cells = dict[tuple[str, str], Any]
 
 
 @pytest.fixture(scope="module")
-def cells(django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory) -> Cells:
-    from django.db import connection, connections
-
-    from examples.crash_matrix.edge_cells import edge_cells
-    from examples.crash_matrix.rig import open_rig
-
-    # open_rig points this process's connection at its scratch database (and its own
-    # embedded server); give the rest of the session its settings back afterwards.
-    saved = dict(connection.settings_dict)
-    started = time.monotonic()
-    try:
-        with django_db_blocker.unblock(), open_rig() as rig:
-            results = edge_cells(rig, f"t{time.strftime('%H%M%S')}", lambda r: None)
-    finally:
-        connections.close_all()
-        connection.settings_dict.clear()
-        connection.settings_dict.update(saved)
-    report = tmp_path_factory.mktemp("edge") / "edge-cells.json"
-    report.write_text(json.dumps([r.as_dict() for r in results], indent=2, default=str))
-    print(f"edge cells: {time.monotonic() - started:.0f}s, facts in {report}")
-    return {(r.scenario, r.case): r for r in results}
+def cells(tmp_path_factory: pytest.TempPathFactory) -> Cells:
+    # A process of its own, as a user runs it: the rig repoints Django's connection
+    # at its own server and scratch database, which this session's must not see.
+    folder = tmp_path_factory.mktemp("edge")
+    out, log = folder / "edge-cells.json", folder / "edge-cells.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_BROKER_")}
+    # Output to a file, not a pipe: a leaked grandchild would hold a pipe open.
+    with log.open("w") as sink:
+        subprocess.run(
+            [sys.executable, "-m", "examples.crash_matrix.edge_run", "--json", str(out)],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            timeout=600,
+            check=False,
+        )
+    output = log.read_text(errors="replace")
+    assert out.exists(), output[-4000:]
+    print(output)  # with -s: one line per cell, and the run time
+    return {(r["scenario"], r["case"]): r for r in json.loads(out.read_text())}
 
 
 def test_every_edge_cell_passes(cells: Cells) -> None:
     from examples.crash_matrix.edge_cells import EDGE_CASES
 
     assert sorted(cells) == sorted(EDGE_CASES)
-    failed = {key: (r.note, r.facts) for key, r in cells.items() if r.verdict != "pass"}
+    failed = {
+        key: (r["note"], r["facts"]) for key, r in cells.items() if r["verdict"] != "pass"
+    }
     assert failed == {}
 
 
@@ -60,16 +69,20 @@ def test_a_frozen_worker_is_handed_on_and_does_not_send_when_thawed(
     from examples.crash_matrix.edge_support import FROZEN
 
     cell = cells[(scenario, FROZEN)]
-    assert (cell.target_effects, cell.receipts, cell.status) == (1, 1, "succeeded")
-    assert cell.facts["charges"] == 1  # by downstream key, in the target's table
-    assert cell.facts["requests"] == 1  # the takeover's; none from the thawed worker
-    assert "lease_expired" in cell.facts["events"]
-    frozen_worker = cell.facts["attempts"][0]["worker"]
-    thawed = [w for w in cell.facts["stale_writes"] if w["actor"] == frozen_worker]
+    assert (cell["target_effects"], cell["receipts"], cell["status"]) == (
+        1,
+        1,
+        "succeeded",
+    )
+    assert cell["facts"]["charges"] == 1  # by downstream key, in the target's table
+    assert cell["facts"]["requests"] == 1  # the takeover's; none from the thawed worker
+    assert "lease_expired" in cell["facts"]["events"]
+    frozen_worker = cell["facts"]["attempts"][0]["worker"]
+    thawed = [w for w in cell["facts"]["stale_writes"] if w["actor"] == frozen_worker]
     assert [w["attempted"] for w in thawed] == [
         "dispatch_rejected:dispatching->retryable"
     ]
-    assert cell.facts["thawed_log_says_send_refused"] is True
+    assert cell["facts"]["thawed_log_says_send_refused"] is True
 
 
 def test_a_frozen_unsafe_worker_leaves_outcome_unknown_and_sends_nothing(
@@ -78,11 +91,11 @@ def test_a_frozen_unsafe_worker_leaves_outcome_unknown_and_sends_nothing(
     from examples.crash_matrix.edge_support import FROZEN
 
     cell = cells[("unsafe", FROZEN)]
-    assert (cell.status, cell.receipts) == ("outcome_unknown", 0)
-    assert cell.facts["charges"] == 0
-    assert cell.facts["requests"] == 0
-    assert [a["outcome"] for a in cell.facts["attempts"]] == ["unknown"]
-    assert cell.facts["stale_writes"][-1]["attempted"].startswith("dispatch_rejected:")
+    assert (cell["status"], cell["receipts"]) == ("outcome_unknown", 0)
+    assert cell["facts"]["charges"] == 0
+    assert cell["facts"]["requests"] == 0
+    assert [a["outcome"] for a in cell["facts"]["attempts"]] == ["unknown"]
+    assert cell["facts"]["stale_writes"][-1]["attempted"].startswith("dispatch_rejected:")
 
 
 def test_a_frozen_transactional_claim_blocks_the_takeover_and_commits_once(
@@ -91,32 +104,44 @@ def test_a_frozen_transactional_claim_blocks_the_takeover_and_commits_once(
     from examples.crash_matrix.edge_support import FROZEN
 
     cell = cells[("transactional", FROZEN)]
-    assert (cell.target_effects, cell.receipts, cell.status) == (1, 1, "succeeded")
-    assert cell.facts["takeover_waited_on_row_lock"] is True
-    assert cell.facts["stale_writes"]  # the takeover's claim, refused by the fence
+    assert (cell["target_effects"], cell["receipts"], cell["status"]) == (
+        1,
+        1,
+        "succeeded",
+    )
+    assert cell["facts"]["takeover_waited_on_row_lock"] is True
+    assert cell["facts"]["stale_writes"]  # the takeover's claim, refused by the fence
 
 
 def test_a_slow_commit_with_a_lost_answer_is_found_not_resent(cells: Cells) -> None:
     from examples.crash_matrix.edge_support import SLOW_COMMIT
 
     cell = cells[("reconcilable", SLOW_COMMIT)]
-    assert (cell.target_effects, cell.receipts, cell.status) == (1, 1, "succeeded")
-    assert cell.facts["requests"] == 1
-    events = cell.facts["events"]
+    assert (cell["target_effects"], cell["receipts"], cell["status"]) == (
+        1,
+        1,
+        "succeeded",
+    )
+    assert cell["facts"]["requests"] == 1
+    events = cell["facts"]["events"]
     assert "outcome_unknown" in events
     assert "reconciled_committed" in events
     assert "reconciled_not_committed" not in events
-    assert "time limit" in cell.facts["unknown_reason"]
+    assert "time limit" in cell["facts"]["unknown_reason"]
 
 
 def test_key_in_use_after_an_unknown_attempt_is_retried_later(cells: Cells) -> None:
     from examples.crash_matrix.edge_support import IN_PROGRESS
 
     cell = cells[("idempotent", IN_PROGRESS)]
-    assert (cell.target_effects, cell.receipts, cell.status) == (1, 1, "succeeded")
-    assert cell.facts["requests"] == 3
-    assert "in progress" in cell.facts["reason"]
-    assert not {"dispatch_refused", "retries_exhausted"} & set(cell.facts["events"])
+    assert (cell["target_effects"], cell["receipts"], cell["status"]) == (
+        1,
+        1,
+        "succeeded",
+    )
+    assert cell["facts"]["requests"] == 3
+    assert "in progress" in cell["facts"]["reason"]
+    assert not {"dispatch_refused", "retries_exhausted"} & set(cell["facts"]["events"])
 
 
 def test_a_terminal_answer_after_an_unknown_attempt_is_never_final(
@@ -125,11 +150,11 @@ def test_a_terminal_answer_after_an_unknown_attempt_is_never_final(
     from examples.crash_matrix.edge_support import TERMINAL
 
     cell = cells[("idempotent", TERMINAL)]
-    assert cell.target_effects == 1
-    assert cell.status in {"succeeded", "outcome_unknown", "manual_review"}
-    assert "refused_in_doubt" in cell.facts["events"]
-    assert "dispatch_refused" not in cell.facts["events"]
-    assert "cannot prove that nothing was charged" in cell.facts["reason"]
+    assert cell["target_effects"] == 1
+    assert cell["status"] in {"succeeded", "outcome_unknown", "manual_review"}
+    assert "refused_in_doubt" in cell["facts"]["events"]
+    assert "dispatch_refused" not in cell["facts"]["events"]
+    assert "cannot prove that nothing was charged" in cell["facts"]["reason"]
 
 
 def test_retry_exhaustion_after_an_unknown_attempt_goes_to_manual_review(
@@ -138,11 +163,15 @@ def test_retry_exhaustion_after_an_unknown_attempt_goes_to_manual_review(
     from examples.crash_matrix.edge_support import EXHAUSTED
 
     cell = cells[("idempotent", EXHAUSTED)]
-    assert (cell.target_effects, cell.receipts, cell.status) == (1, 0, "manual_review")
-    assert cell.facts["requests"] == 3
-    assert "retries_exhausted_in_doubt" in cell.facts["events"]
-    assert "retries_exhausted" not in cell.facts["events"]
-    assert cell.facts["reason"]
+    assert (cell["target_effects"], cell["receipts"], cell["status"]) == (
+        1,
+        0,
+        "manual_review",
+    )
+    assert cell["facts"]["requests"] == 3
+    assert "retries_exhausted_in_doubt" in cell["facts"]["events"]
+    assert "retries_exhausted" not in cell["facts"]["events"]
+    assert cell["facts"]["reason"]
 
 
 def test_an_operator_cannot_requeue_an_unsafe_effect_but_can_fork_it(
@@ -151,11 +180,11 @@ def test_an_operator_cannot_requeue_an_unsafe_effect_but_can_fork_it(
     from examples.crash_matrix.edge_support import OPERATOR
 
     cell = cells[("unsafe", OPERATOR)]
-    facts = cell.facts
+    facts = cell["facts"]
     assert facts["refusal"] == "unsafe_never_requeued"
     assert facts["status_after_refusal"] == "outcome_unknown"
     assert facts["charges_when_looked"] == facts["charges_after_refusal"] == 0
-    assert (cell.status, cell.receipts) == ("failed_final", 0)  # the old effect
+    assert (cell["status"], cell["receipts"]) == ("failed_final", 0)  # the old effect
     assert facts["old_events"][-1] == "resolved_forked"
     assert facts["fork_linked"] is True
     assert facts["fork_status"] == "succeeded"
@@ -175,7 +204,7 @@ def test_a_worker_with_a_skewed_clock_expires_no_live_lease(
     cells: Cells, scenario: str, case: str
 ) -> None:
     cell = cells[(scenario, case)]
-    facts = cell.facts
+    facts = cell["facts"]
     assert facts["charges"] == [1, 1, 1, 1]
     assert facts["requests"] == 4
     assert facts["leases_live_when_swept"] >= 1
