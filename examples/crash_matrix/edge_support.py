@@ -1,5 +1,5 @@
 """What the edge cells share: their result row, the checks behind a verdict, reads of
-the truth (target table, ledger rows, events) and a clock-skewed child process.
+the truth (target table, ledger rows, events), and the names of the cases.
 
 The truth is read where it lives: charges from the target's own table by downstream
 key (idempotency or correlation key; an unsafe charge carries no key, so by the
@@ -9,18 +9,21 @@ the ledger. Nothing here asks the broker what it believes it did.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from django.db import connection
+from psycopg import sql
 
 from effect_broker import store
 from effect_broker.adapters.simulated_adapter import local_effect_count
 from effect_broker.domain.records import EffectRecord, EffectRequest
-from effect_broker.domain.states import EffectStatus
+from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import (
     EffectAttempt,
     EffectEvent,
@@ -131,7 +134,8 @@ def wait_for(
 def settled(record: EffectRecord) -> bool:
     """Nothing more happens without an operator (unsafe + unknown included)."""
     return record.status in SETTLED or (
-        record.status is EffectStatus.OUTCOME_UNKNOWN and record.safety.value == "unsafe"
+        record.status is EffectStatus.OUTCOME_UNKNOWN
+        and record.safety is SafetyClass.UNSAFE
     )
 
 
@@ -215,11 +219,6 @@ def charges(rig: Rig, mode: str, record: EffectRecord, body: Mapping[str, Any]) 
 
 def charge_ids_by_body(rig: Rig, body: Mapping[str, Any]) -> list[str]:
     """Ids of the target's charges made from exactly ``body``."""
-    import hashlib
-
-    import psycopg
-    from psycopg import sql
-
     digest = hashlib.sha256(
         json.dumps(dict(body), sort_keys=True, separators=(",", ":")).encode()
     ).digest()
