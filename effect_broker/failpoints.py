@@ -78,6 +78,16 @@ def fired(directory: Path, subject: str, name: str) -> bool:
     return (directory / "fired" / f"{subject_digest(subject)}-{name}").exists()
 
 
+def fired_by(directory: Path, subject: str, name: str) -> int | None:
+    """The pid of the process in which the failpoint fired, once it has (driver side)."""
+    marker = directory / "fired" / f"{subject_digest(subject)}-{name}"
+    try:
+        text = marker.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
 def _die(name: str) -> None:
     sys.stderr.write(
         f"effect-broker: failpoint {name} fired, SIGKILL pid {os.getpid()}\n"
@@ -99,9 +109,15 @@ def _hit_armed_for_subject(name: str, subject: str) -> None:
         return
     marker = Path(directory) / "fired" / f"{digest}-{name}"
     try:
-        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         return  # already fired once, in this or another process
+    try:
+        # Which process fired: a driver that freezes it (SIGSTOP) needs its pid even
+        # where the ledger names no owner yet (a transactional claim not committed).
+        os.write(fd, str(os.getpid()).encode("ascii"))
+    finally:
+        os.close(fd)
     pause = next((float(p[6:]) for p in spec[1:] if p.startswith("pause=")), None)
     if pause is None:
         _die(name)

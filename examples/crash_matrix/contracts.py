@@ -77,10 +77,58 @@ tool = "{TOOLS["transactional"]}"
 safety = "transactional"
 adapter = "simulated-local"
 {common}
-"""
+""" + edge_contracts_toml(target_url, common=common, http=http)
 
 
 def write_contracts(path: Path, target_url: str, **options: object) -> Path:
     """Write ``contracts_toml(target_url, ...)`` to ``path`` and return it."""
     path.write_text(contracts_toml(target_url, **options), encoding="utf-8")  # type: ignore[arg-type]
     return path
+
+
+#: Tools of the edge cells (examples/crash_matrix/edge_cells.py): the same target
+#: endpoints under contracts whose timing or retry budget a cell needs.
+EDGE_TOOLS = {
+    # An attempt limit shorter than the target's slow commit, and a settlement bound
+    # that covers it: the answer is lost while the row is not yet visible.
+    "reconcilable_slow": "charge_reconcilable_slow",
+    # A small retry budget, so retry exhaustion after an unknown attempt is quick; a
+    # 4 s attempt limit, so a driver has time to queue the fault the resend meets.
+    "idempotent_short": "charge_idempotent_short",
+}
+
+
+def edge_contracts_toml(target_url: str, *, common: str, http: str) -> str:
+    """TOML for the edge cells' contracts (appended to ``contracts_toml``)."""
+    # ``common`` starts with the retry limit line; the short budget replaces it.
+    short = "retry_limit = 2\n" + common.split("\n", 1)[1]
+    return f"""
+[[contract]]
+name = "demo.charge-reconcilable-slow"
+version = "1"
+tool = "{EDGE_TOOLS["reconcilable_slow"]}"
+safety = "reconcilable"
+settlement_bound = "2500ms"
+attempt_timeout = "2s"
+adapter = "http"
+{common}
+[contract.adapter_options]
+url = "{target_url}/reconcilable/charges"
+correlation_header = "X-Correlation-Key"
+probe_url = "{target_url}/reconcilable/charges?correlation_key={{downstream_key}}"
+{http}
+
+[[contract]]
+name = "demo.charge-idempotent-short"
+version = "1"
+tool = "{EDGE_TOOLS["idempotent_short"]}"
+safety = "idempotent"
+key_retention = "24h"
+attempt_timeout = "4s"
+adapter = "http"
+{short}
+[contract.adapter_options]
+url = "{target_url}/idempotent/charges"
+idempotency_header = "Idempotency-Key"
+{http}
+"""

@@ -1,0 +1,214 @@
+"""The crash matrix's edge cells (issue 9), run against real worker processes.
+
+Runs ``python -m examples.crash_matrix.edge_run``: it opens the crash-matrix rig (its
+own embedded server or a DATABASE_URL scratch database, the target service, three real
+workers), runs every edge cell (``edge_cells``) and writes the rows. This module checks
+each verdict and the facts behind it: charges counted by downstream key in the
+target's own table, the target's request counter, statuses, the refusal code and the
+fork link. Each cell's own rules must all hold (``verdict == "pass"``); the facts are
+asserted again here, so that a loosened rule in a cell cannot hide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+Cells = dict[tuple[str, str], Any]
+
+
+@pytest.fixture(scope="module")
+def cells(tmp_path_factory: pytest.TempPathFactory) -> Cells:
+    # A process of its own, as a user runs it: the rig repoints Django's connection
+    # at its own server and scratch database, which this session's must not see.
+    folder = tmp_path_factory.mktemp("edge")
+    out, log = folder / "edge-cells.json", folder / "edge-cells.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_BROKER_")}
+    # Output to a file, not a pipe: a leaked grandchild would hold a pipe open.
+    with log.open("w") as sink:
+        subprocess.run(
+            [sys.executable, "-m", "examples.crash_matrix.edge_run", "--json", str(out)],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            timeout=600,
+            check=False,
+        )
+    output = log.read_text(errors="replace")
+    assert out.exists(), output[-4000:]
+    print(output)  # with -s: one line per cell, and the run time
+    return {(r["scenario"], r["case"]): r for r in json.loads(out.read_text())}
+
+
+def test_every_edge_cell_passes(cells: Cells) -> None:
+    from examples.crash_matrix.edge_cells import EDGE_CASES
+
+    assert sorted(cells) == sorted(EDGE_CASES)
+    failed = {
+        key: (r["note"], r["facts"]) for key, r in cells.items() if r["verdict"] != "pass"
+    }
+    assert failed == {}
+
+
+@pytest.mark.parametrize("scenario", ["idempotent", "reconcilable"])
+def test_a_frozen_worker_is_handed_on_and_does_not_send_when_thawed(
+    cells: Cells, scenario: str
+) -> None:
+    from examples.crash_matrix.edge_support import FROZEN
+
+    cell = cells[(scenario, FROZEN)]
+    assert (cell["target_effects"], cell["receipts"], cell["status"]) == (
+        1,
+        1,
+        "succeeded",
+    )
+    assert cell["facts"]["charges"] == 1  # by downstream key, in the target's table
+    assert cell["facts"]["requests"] == 1  # the takeover's; none from the thawed worker
+    assert "lease_expired" in cell["facts"]["events"]
+    frozen_worker = cell["facts"]["attempts"][0]["worker"]
+    thawed = [w for w in cell["facts"]["stale_writes"] if w["actor"] == frozen_worker]
+    assert [w["attempted"] for w in thawed] == [
+        "dispatch_rejected:dispatching->retryable"
+    ]
+    assert cell["facts"]["thawed_log_says_send_refused"] is True
+
+
+def test_a_frozen_unsafe_worker_leaves_outcome_unknown_and_sends_nothing(
+    cells: Cells,
+) -> None:
+    from examples.crash_matrix.edge_support import FROZEN
+
+    cell = cells[("unsafe", FROZEN)]
+    assert (cell["status"], cell["receipts"]) == ("outcome_unknown", 0)
+    assert cell["facts"]["charges"] == 0
+    assert cell["facts"]["requests"] == 0
+    assert [a["outcome"] for a in cell["facts"]["attempts"]] == ["unknown"]
+    assert cell["facts"]["stale_writes"][-1]["attempted"].startswith("dispatch_rejected:")
+
+
+def test_a_frozen_transactional_claim_blocks_the_takeover_and_commits_once(
+    cells: Cells,
+) -> None:
+    from examples.crash_matrix.edge_support import FROZEN
+
+    cell = cells[("transactional", FROZEN)]
+    assert (cell["target_effects"], cell["receipts"], cell["status"]) == (
+        1,
+        1,
+        "succeeded",
+    )
+    assert cell["facts"]["takeover_waited_on_row_lock"] is True
+    assert cell["facts"]["stale_writes"]  # the takeover's claim, refused by the fence
+
+
+def test_a_slow_commit_with_a_lost_answer_is_found_not_resent(cells: Cells) -> None:
+    from examples.crash_matrix.edge_support import SLOW_COMMIT
+
+    cell = cells[("reconcilable", SLOW_COMMIT)]
+    assert (cell["target_effects"], cell["receipts"], cell["status"]) == (
+        1,
+        1,
+        "succeeded",
+    )
+    assert cell["facts"]["requests"] == 1
+    events = cell["facts"]["events"]
+    assert "outcome_unknown" in events
+    assert "reconciled_committed" in events
+    assert "reconciled_not_committed" not in events
+    assert "time limit" in cell["facts"]["unknown_reason"]
+
+
+def test_key_in_use_after_an_unknown_attempt_is_retried_later(cells: Cells) -> None:
+    from examples.crash_matrix.edge_support import IN_PROGRESS
+
+    cell = cells[("idempotent", IN_PROGRESS)]
+    assert (cell["target_effects"], cell["receipts"], cell["status"]) == (
+        1,
+        1,
+        "succeeded",
+    )
+    assert cell["facts"]["requests"] == 3
+    assert "in progress" in cell["facts"]["reason"]
+    assert not {"dispatch_refused", "retries_exhausted"} & set(cell["facts"]["events"])
+
+
+def test_a_terminal_answer_after_an_unknown_attempt_is_never_final(
+    cells: Cells,
+) -> None:
+    from examples.crash_matrix.edge_support import TERMINAL
+
+    cell = cells[("idempotent", TERMINAL)]
+    assert cell["target_effects"] == 1
+    assert cell["status"] in {"succeeded", "outcome_unknown", "manual_review"}
+    assert "refused_in_doubt" in cell["facts"]["events"]
+    assert "dispatch_refused" not in cell["facts"]["events"]
+    assert "cannot prove that nothing was charged" in cell["facts"]["reason"]
+
+
+def test_retry_exhaustion_after_an_unknown_attempt_goes_to_manual_review(
+    cells: Cells,
+) -> None:
+    from examples.crash_matrix.edge_support import EXHAUSTED
+
+    cell = cells[("idempotent", EXHAUSTED)]
+    assert (cell["target_effects"], cell["receipts"], cell["status"]) == (
+        1,
+        0,
+        "manual_review",
+    )
+    assert cell["facts"]["requests"] == 3
+    assert "retries_exhausted_in_doubt" in cell["facts"]["events"]
+    assert "retries_exhausted" not in cell["facts"]["events"]
+    assert cell["facts"]["reason"]
+
+
+def test_an_operator_cannot_requeue_an_unsafe_effect_but_can_fork_it(
+    cells: Cells,
+) -> None:
+    from examples.crash_matrix.edge_support import OPERATOR
+
+    cell = cells[("unsafe", OPERATOR)]
+    facts = cell["facts"]
+    assert facts["refusal"] == "unsafe_never_requeued"
+    assert facts["status_after_refusal"] == "outcome_unknown"
+    assert facts["charges_when_looked"] == facts["charges_after_refusal"] == 0
+    assert (cell["status"], cell["receipts"]) == ("failed_final", 0)  # the old effect
+    assert facts["old_events"][-1] == "resolved_forked"
+    assert facts["fork_linked"] is True
+    assert facts["fork_status"] == "succeeded"
+    # Exactly one charge in the target's table, and it is the fork's receipt.
+    assert facts["fork_charges"] == [facts["fork_receipt_external_id"]]
+    assert facts["requests"] == 1
+
+
+@pytest.mark.parametrize(
+    ("scenario", "case"),
+    [
+        ("idempotent", "one worker's clock +20s"),
+        ("reconcilable", "one worker's clock -20s"),
+    ],
+)
+def test_a_worker_with_a_skewed_clock_expires_no_live_lease(
+    cells: Cells, scenario: str, case: str
+) -> None:
+    cell = cells[(scenario, case)]
+    facts = cell["facts"]
+    assert facts["charges"] == [1, 1, 1, 1]
+    assert facts["requests"] == 4
+    assert facts["leases_live_when_swept"] >= 1
+    assert facts["sweep"]["leases_expired"] == 0
+    assert facts["dispatched_by_skewed_worker"] >= 1
+    for events in facts["events"]:
+        assert not {"lease_expired", "outcome_unknown"} & set(events), events
