@@ -21,7 +21,6 @@ from django.db import connection
 from psycopg import sql
 
 from effect_broker import store
-from effect_broker.adapters.simulated_adapter import local_effect_count
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import (
@@ -33,6 +32,17 @@ from effect_broker.models import (
 )
 from effect_broker.services.submission import submit
 from examples.crash_matrix.cells import CellResult
+from examples.crash_matrix.plan import (
+    CLOCK_AHEAD,
+    CLOCK_BEHIND,
+    EDGE_CASES,
+    EXHAUSTED,
+    FROZEN,
+    IN_PROGRESS,
+    OPERATOR,
+    SLOW_COMMIT,
+    TERMINAL,
+)
 from examples.crash_matrix.rig import OPERATION_KEY, SETTLED, Rig
 from examples.crash_matrix.workers import wait_until
 
@@ -210,11 +220,9 @@ def charges(rig: Rig, mode: str, record: EffectRecord, body: Mapping[str, Any]) 
     the unsafe endpoint stores none, so by the cell's unique body; transactional
     effects live in the broker's own table, by key.
     """
-    if mode == "transactional":
-        return local_effect_count(record.downstream_key)
-    if mode == "unsafe":
-        return rig.target.count_by_body(dict(body))
-    return rig.target.count_charges(mode=mode, key=record.downstream_key)
+    # Through the rig, so every count is also a claim: a charge no cell counted fails
+    # the run (examples/crash_matrix/attribution.py).
+    return rig.target_effects(mode, dict(body), record.downstream_key)
 
 
 def charge_ids_by_body(rig: Rig, body: Mapping[str, Any]) -> list[str]:
@@ -236,26 +244,21 @@ def receipts(record: EffectRecord) -> int:
 
 # --- the cases ---------------------------------------------------------------------
 
-FROZEN = "frozen between claim and send"
-SLOW_COMMIT = "slow commit, answer lost"
-IN_PROGRESS = "409 key in use after unknown"
-TERMINAL = "400 terminal after unknown"
-EXHAUSTED = "retries exhausted after unknown"
-OPERATOR = "operator requeue refused, fork"
-CLOCK_AHEAD = "one worker's clock +20s"
-CLOCK_BEHIND = "one worker's clock -20s"
+# The case names are the plan's (examples/crash_matrix/plan.py: listing the cells
+# needs no database); re-exported here for the cells.
+__all__ = [
+    "CLOCK_AHEAD",
+    "CLOCK_BEHIND",
+    "EDGE_CASES",
+    "EXHAUSTED",
+    "FROZEN",
+    "IN_PROGRESS",
+    "OPERATOR",
+    "SLOW_COMMIT",
+    "TERMINAL",
+]
 
 CLASSES = ("idempotent", "reconcilable", "transactional", "unsafe")
-EDGE_CASES: list[tuple[str, str]] = [
-    *((scenario, FROZEN) for scenario in CLASSES),
-    ("reconcilable", SLOW_COMMIT),
-    ("idempotent", IN_PROGRESS),
-    ("idempotent", TERMINAL),
-    ("idempotent", EXHAUSTED),
-    ("unsafe", OPERATOR),
-    ("idempotent", CLOCK_AHEAD),
-    ("reconcilable", CLOCK_BEHIND),
-]
 
 #: How long the failpoint stalls the dispatching thread: time to SIGSTOP its process.
 FREEZE_PAUSE = 3.0

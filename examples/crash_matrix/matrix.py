@@ -32,6 +32,7 @@ from examples.crash_matrix.cells import (
     target_down_cells,
     zombie_cell,
 )
+from examples.crash_matrix.edge_cells import edge_cells
 from examples.crash_matrix.ledger_runner import (
     STALE_AFTER_MS,
     ensure_ledger_schema,
@@ -60,7 +61,14 @@ __all__ = ["SCENARIOS", "random_runs", "render_table", "run_matrix"]
 
 #: The cell kinds ``_run_cells`` dispatches: a new kind in ``plan`` needs both.
 RUNNABLE = frozenset(
-    {plan.KILL, plan.CONCURRENT, plan.ZOMBIE, plan.TARGET_DOWN, plan.DB_RESTART}
+    {
+        plan.KILL,
+        plan.CONCURRENT,
+        plan.ZOMBIE,
+        plan.TARGET_DOWN,
+        plan.DB_RESTART,
+        plan.EDGE,
+    }
 )
 
 
@@ -206,9 +214,12 @@ def _run_cells(
         raise RuntimeError(f"no runner for planned cell kind(s) {unknown}")
     kinds: dict[str, list[str]] = {}
     kills = []
+    edges: set[tuple[str, str]] = set()
     for cell in chosen:
         if cell.kind == plan.KILL:
             kills.append((cell.scenario, cell.case))
+        elif cell.kind == plan.EDGE:
+            edges.add((cell.scenario, cell.case))
         else:
             kinds.setdefault(cell.kind, []).append(cell.scenario)
     results: list[CellResult] = []
@@ -251,6 +262,10 @@ def _run_cells(
         for result in target_down_cells(rig, kinds[plan.TARGET_DOWN], run_id):
             report.cell(result)
             results.append(result)
+    if edges:
+        # One after another with nothing else in flight: they queue target faults,
+        # freeze workers and start skewed ones.
+        results += edge_cells(rig, run_id, report.cell, only=lambda s, c: (s, c) in edges)
     between()
     if kinds.get(plan.DB_RESTART):
         for result in db_restart_cells(rig, kinds[plan.DB_RESTART], run_id):
@@ -286,7 +301,8 @@ def run_matrix(
     report = Reporter(out, len(chosen))
     report.say(
         f"crash matrix: {len(SCENARIOS)} safety classes x {len(FAILPOINTS)} kill points, "
-        f"plus concurrency, zombie, target-down and database-restart faults ({where}, "
+        f"plus concurrency, zombie, target-down, database-restart and "
+        f"{len(plan.EDGE_CASES)} edge faults ({where}, "
         f"{workers} real worker processes)"
     )
     if only:

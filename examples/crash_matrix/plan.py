@@ -25,6 +25,28 @@ CONCURRENT = "10 concurrent submits"
 ZOMBIE = "zombie worker"
 TARGET_DOWN = "target down"
 DB_RESTART = "postgres restart"
+#: Issue 9's edge cells (examples/crash_matrix/edge_cells.py), run one after another.
+EDGE = "edge"
+
+FROZEN = "frozen between claim and send"
+SLOW_COMMIT = "slow commit with lost answer"
+IN_PROGRESS = "409 key in use after unknown"
+TERMINAL = "400 terminal after unknown"
+EXHAUSTED = "retries exhausted after unknown"
+OPERATOR = "operator requeue refused then fork"
+CLOCK_AHEAD = "one worker's clock +20s"
+CLOCK_BEHIND = "one worker's clock -20s"
+
+EDGE_CASES: list[tuple[str, str]] = [
+    *((scenario, FROZEN) for scenario in SCENARIOS),
+    ("reconcilable", SLOW_COMMIT),
+    ("idempotent", IN_PROGRESS),
+    ("idempotent", TERMINAL),
+    ("idempotent", EXHAUSTED),
+    ("unsafe", OPERATOR),
+    ("idempotent", CLOCK_AHEAD),
+    ("reconcilable", CLOCK_BEHIND),
+]
 
 
 @dataclass(frozen=True)
@@ -48,6 +70,7 @@ def all_cells() -> list[CellId]:
     cells += [CellId(ZOMBIE, s, ZOMBIE) for s in NETWORK]
     cells += [CellId(TARGET_DOWN, s, TARGET_DOWN) for s in NETWORK]
     cells += [CellId(DB_RESTART, s, DB_RESTART) for s in SCENARIOS]
+    cells += [CellId(EDGE, s, case) for s, case in EDGE_CASES]
     return cells
 
 

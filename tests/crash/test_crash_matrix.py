@@ -10,55 +10,15 @@ table must belong to a cell.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from examples.crash_matrix.plan import EDGE_CASES
+
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, dict]:
-    folder = tmp_path_factory.mktemp("matrix")
-    out, log = folder / "matrix.json", folder / "matrix.log"
-    png = folder / "matrix.png"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_BROKER_")}
-    # Output to a file, not a pipe: a pipe's reader waits for EOF from every process
-    # that inherited it, so one leaked grandchild would hang the test.
-    with log.open("w") as sink:
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "effect_broker.cli",
-                "demo",
-                "crash-matrix",
-                "--runs",
-                "24",
-                "--seed",
-                "7",
-                "--json",
-                str(out),
-                "--png",
-                str(png),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            timeout=900,
-            check=False,
-        )
-    data = json.loads(out.read_text()) if out.exists() else {}
-    data["png_head"] = png.read_bytes()[:8] if png.exists() else b""
-    return result.returncode, log.read_text(errors="replace"), data
 
 
 def test_every_cell_keeps_its_safety_class_promise(matrix) -> None:
@@ -67,13 +27,16 @@ def test_every_cell_keeps_its_safety_class_promise(matrix) -> None:
     cells = data["cells"]
     failed = [c for c in cells if c["verdict"] == "FAIL"]
     assert failed == []
-    # 4 classes x 6 failpoints, 4 concurrency cells, 3 zombies, 3 target-down, 4 restarts
-    assert len(cells) == 38
+    # 4 classes x 6 failpoints, 4 concurrency cells, 3 zombies, 3 target-down,
+    # 4 restarts, and 11 edge cells (tests/crash/test_edge_cells.py reads those)
+    assert len(cells) == 49
 
 
 def test_safe_classes_leave_exactly_one_charge_in_the_target_table(matrix) -> None:
     _, _, data = matrix
     for cell in data["cells"]:
+        if (cell["scenario"], cell["case"]) in EDGE_CASES:
+            continue  # their own rules: tests/crash/test_edge_cells.py
         if cell["scenario"] != "unsafe" and cell["verdict"] != "skipped":
             assert (cell["target_effects"], cell["receipts"], cell["status"]) == (
                 1,

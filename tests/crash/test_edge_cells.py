@@ -1,8 +1,9 @@
 """The crash matrix's edge cells (issue 9), run against real worker processes.
 
-Runs ``python -m examples.crash_matrix.edge_run``: it opens the crash-matrix rig (its
-own embedded server or a DATABASE_URL scratch database, the target service, three real
-workers), runs every edge cell (``edge_cells``) and writes the rows. This module checks
+Reads the rows of the full ``effect-broker demo crash-matrix`` run (tests/crash/
+conftest.py: its own embedded server or a DATABASE_URL scratch database, the target
+service, three real workers), which runs every edge cell (``edge_cells``). This module
+checks
 each verdict and the facts behind it: charges counted by downstream key in the
 target's own table, the target's request counter, statuses, the refusal code and the
 fork link. Each cell's own rules must all hold (``verdict == "pass"``); the facts are
@@ -11,14 +12,12 @@ asserted again here, so that a loosened rule in a cell cannot hide.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from examples.crash_matrix.plan import EDGE_CASES
 
 pytestmark = pytest.mark.slow
 
@@ -28,33 +27,17 @@ Cells = dict[tuple[str, str], Any]
 
 
 @pytest.fixture(scope="module")
-def cells(tmp_path_factory: pytest.TempPathFactory) -> Cells:
-    # A process of its own, as a user runs it: the rig repoints Django's connection
-    # at its own server and scratch database, which this session's must not see.
-    folder = tmp_path_factory.mktemp("edge")
-    out, log = folder / "edge-cells.json", folder / "edge-cells.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_BROKER_")}
-    # Output to a file, not a pipe: a leaked grandchild would hold a pipe open.
-    with log.open("w") as sink:
-        subprocess.run(
-            [sys.executable, "-m", "examples.crash_matrix.edge_run", "--json", str(out)],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            timeout=600,
-            check=False,
-        )
-    output = log.read_text(errors="replace")
-    assert out.exists(), output[-4000:]
-    print(output)  # with -s: one line per cell, and the run time
-    return {(r["scenario"], r["case"]): r for r in json.loads(out.read_text())}
+def cells(matrix) -> Cells:
+    _, _, data = matrix
+    assert data, "the crash matrix wrote no results"
+    return {
+        (r["scenario"], r["case"]): r
+        for r in data["cells"]
+        if (r["scenario"], r["case"]) in EDGE_CASES
+    }
 
 
 def test_every_edge_cell_passes(cells: Cells) -> None:
-    from examples.crash_matrix.edge_cells import EDGE_CASES
-
     assert sorted(cells) == sorted(EDGE_CASES)
     failed = {
         key: (r["note"], r["facts"]) for key, r in cells.items() if r["verdict"] != "pass"

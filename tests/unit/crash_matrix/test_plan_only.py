@@ -11,11 +11,14 @@ def names(cells: list[plan.CellId]) -> list[str]:
     return [cell.name for cell in cells]
 
 
-def test_a_full_run_plans_38_cells_with_unique_names() -> None:
+def test_a_full_run_plans_49_cells_with_unique_names() -> None:
     cells = plan.all_cells()
-    # 4 classes x 6 failpoints, 4 concurrency cells, 3 zombies, 3 target-down, 4 restarts
-    assert len(cells) == 38
-    assert len(set(names(cells))) == 38
+    # 4 classes x 6 failpoints, 4 concurrency cells, 3 zombies, 3 target-down,
+    # 4 restarts, 11 edge cells
+    assert len(cells) == 49
+    assert len(set(names(cells))) == 49
+    # --only splits on commas: no cell name may hold one
+    assert not [name for name in names(cells) if "," in name]
 
 
 def test_only_values_are_repeatable_and_comma_lists() -> None:
