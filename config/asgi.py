@@ -16,6 +16,9 @@ django_application = get_asgi_application()
 
 from django.conf import settings  # noqa: E402  (settings are configured only now)
 from django.db import connections  # noqa: E402
+from django.db.backends.postgresql.base import (  # noqa: E402
+    DatabaseWrapper as PostgresWrapper,
+)
 
 from effect_broker.api.admission import InFlightLimit  # noqa: E402
 
@@ -24,9 +27,10 @@ def _close_pools() -> None:
     """Close the pools this process opened (at lifespan shutdown, after uvicorn has
     let in-flight requests finish). Reading ``wrapper.pool`` would create a pool
     that was never used, so only those already registered are closed."""
+    opened = getattr(PostgresWrapper, "_connection_pools", {})  # Django's registry
     for alias in settings.DATABASES:
         wrapper = connections[alias]
-        if alias in getattr(wrapper, "_connection_pools", {}):
+        if isinstance(wrapper, PostgresWrapper) and alias in opened:
             wrapper.close_pool()
 
 

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -38,11 +38,12 @@ from effect_broker.api.problems import (
 
 logger = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
+Scope = dict[str, Any]
+Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+#: Any ASGI 3 application (Django's handler annotates its arguments more narrowly).
+ASGIApp = Callable[..., Awaitable[None]]
 
 #: Paths outside the limit (see the module docstring).
 UNLIMITED_PATHS = frozenset({"/healthz"})

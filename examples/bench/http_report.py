@@ -165,8 +165,7 @@ def _targets(
     top = max(levels)
 
     def connections(v: str) -> str:
-        rows = [index.get((v, c, top)) for c in opts["cases"]]
-        rows = [r for r in rows if r]
+        rows = [index[(v, c, top)] for c in opts["cases"] if (v, c, top) in index]
         if not rows:
             return "-"
         conns = max(r["max_db_connections"] for r in rows)

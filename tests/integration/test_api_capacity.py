@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
+from django.db.backends.postgresql.base import DatabaseWrapper as PostgresWrapper
 from django.test import Client
 from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -24,7 +25,7 @@ from effect_broker.api.problems import capacity_reason
 from effect_broker.models import EffectIntent
 from effect_broker.services.tenants import create_tenant
 
-BODY = {
+BODY: dict[str, Any] = {
     "operation_key": "order:7:charge:v1",
     "tool": "charge_card",
     "arguments": {"order": "7", "amount_minor": 500, "currency": "EUR"},
@@ -39,16 +40,17 @@ def api_key(transactional_db: None) -> str:
 @pytest.fixture
 def pool_of_one(api_key: str) -> Iterator[ConnectionPool]:
     """This thread's connection now comes from a pool of one, 0.3 s timeout."""
-    options = connection.settings_dict["OPTIONS"]
-    connection.close()
+    wrapper = cast(PostgresWrapper, connection)
+    options = wrapper.settings_dict["OPTIONS"]
+    wrapper.close()
     options["pool"] = {"min_size": 1, "max_size": 1, "timeout": 0.3}
     try:
-        pool = connection.pool
+        pool = wrapper.pool
         pool.open(wait=True)  # as Django does on the first connection
         yield pool
     finally:
-        connection.close()
-        connection.close_pool()
+        wrapper.close()
+        wrapper.close_pool()
         del options["pool"]
 
 
