@@ -3,6 +3,7 @@ of persistent connections, the workers' pool, nothing for other commands."""
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -243,3 +244,26 @@ def test_the_in_flight_limit_is_configurable(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("EFFECT_BROKER_API_MAX_IN_FLIGHT", "0")
     with pytest.raises(ConfigurationError, match="MAX_IN_FLIGHT must be a whole number"):
         capacity.admission(API, entry())
+
+
+@pytest.mark.parametrize(
+    ("argv", "role"),
+    [(["procrastinate", "worker", "--concurrency", "2"], WORKER), (["migrate"], CLI)],
+)
+def test_the_cli_declares_the_role_before_settings_load(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], role: str
+) -> None:
+    import django.core.management
+
+    from effect_broker import cli
+
+    seen: list[str | None] = []
+    monkeypatch.setattr(
+        django.core.management,
+        "execute_from_command_line",
+        lambda args: seen.append(os.environ.get("EFFECT_BROKER_PROCESS_ROLE")),
+    )
+    # Even when the shared environment says otherwise: the command decides.
+    monkeypatch.setenv("EFFECT_BROKER_PROCESS_ROLE", API)
+    assert cli.main(argv) == 0
+    assert seen == [role]
