@@ -74,6 +74,9 @@ MIDDLEWARE = [
     "effect_broker.api.admin_middleware.AuthenticationMiddleware",
     "effect_broker.api.admin_middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # No connection to be had (pool timeout, PostgreSQL full): 503 overloaded with
+    # Retry-After on every route, like the API's own handler, never a 500.
+    "effect_broker.api.problems.CapacityErrorMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db import DatabaseError as DjangoDatabaseError
 from django.http import HttpRequest, HttpResponse
+from django.utils.deprecation import MiddlewareMixin
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError as NinjaAuthenticationError
 from ninja.errors import HttpError
@@ -140,6 +141,24 @@ def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     if isinstance(exc.__cause__, EffectBrokerError):
         return domain_error(request, exc.__cause__)
     return problem(exc.status_code, "http_error", str(exc))
+
+
+class CapacityErrorMiddleware(MiddlewareMixin):
+    """The same 503 ``overloaded`` for views outside the API (the admin), whose
+    errors Django, not django-ninja, turns into responses.
+
+    Only ``process_exception``: it costs nothing on a request that does not fail.
+    """
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> Any:
+        reason = capacity_reason(exception)
+        if reason is None:
+            return None  # Django's usual handling
+        logger.warning(
+            "refused: no database connection",
+            extra={"action": "overloaded", "reason": reason, "path": request.path},
+        )
+        return overloaded(reason)
 
 
 def _database_error(request: HttpRequest, exc: DjangoDatabaseError) -> HttpResponse:

@@ -95,6 +95,25 @@ def test_pool_exhaustion_is_503_overloaded_with_retry_after_and_does_nothing(
     assert EffectIntent.objects.filter(operation_key=BODY["operation_key"]).count() == 1
 
 
+def test_admin_pages_are_503_overloaded_too_when_the_pool_is_empty(
+    pool_of_one: ConnectionPool,
+) -> None:
+    user = User.objects.create_superuser("olga", "olga@example.invalid", "s3cret-pass")
+    client = Client(raise_request_exception=False)
+    client.force_login(user)
+    connection.close()  # give this thread's pooled connection back
+    held = pool_of_one.getconn()
+    try:
+        response = client.get("/admin/")  # loads the session: needs a connection
+    finally:
+        pool_of_one.putconn(held)
+    assert response.status_code == 503, response.content[:300]
+    assert response["Content-Type"] == "application/problem+json"
+    assert response["Retry-After"] == "1"
+    assert response.json()["reason"] == "database_pool"
+    assert client.get("/admin/").status_code == 200
+
+
 def test_health_needs_no_connection_even_when_the_pool_is_empty(
     pool_of_one: ConnectionPool,
 ) -> None:
