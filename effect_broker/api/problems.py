@@ -150,26 +150,25 @@ class CapacityErrorMiddleware(MiddlewareMixin):
     Only ``process_exception``: it costs nothing on a request that does not fail.
     """
 
-    def process_exception(self, request: HttpRequest, exception: Exception) -> Any:
-        reason = capacity_reason(exception)
-        if reason is None:
-            return None  # Django's usual handling
-        logger.warning(
-            "refused: no database connection",
-            extra={"action": "overloaded", "reason": reason, "path": request.path},
-        )
-        return overloaded(reason)
+    def process_exception(
+        self, request: HttpRequest, exception: Exception
+    ) -> HttpResponse | None:
+        return _refused_for_capacity(request, exception)  # None: Django's handling
 
 
-def _database_error(request: HttpRequest, exc: DjangoDatabaseError) -> HttpResponse:
+def _refused_for_capacity(request: HttpRequest, exc: Exception) -> HttpResponse | None:
     reason = capacity_reason(exc)
     if reason is None:
-        return _unexpected(request, exc)
+        return None
     logger.warning(
         "refused: no database connection",
         extra={"action": "overloaded", "reason": reason, "path": request.path},
     )
     return overloaded(reason)
+
+
+def _database_error(request: HttpRequest, exc: DjangoDatabaseError) -> HttpResponse:
+    return _refused_for_capacity(request, exc) or _unexpected(request, exc)
 
 
 def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
