@@ -247,7 +247,7 @@ class EmbeddedPostgresError(EffectBrokerError):
 class OverloadedError(EffectBrokerError):
     """The broker is at capacity and did not process this request; retry later.
 
-    Raised before any work is done: an API process past its in-flight limit, or no
+    Answered before any work is done: an API process past its in-flight limit, or no
     database connection free in its pool within the pool timeout. The response
     carries ``Retry-After``; retrying a submit with the same operation key is safe.
     """
