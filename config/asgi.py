@@ -1,8 +1,44 @@
-"""ASGI entry point (uvicorn config.asgi:application)."""
+"""ASGI entry point (uvicorn config.asgi:application): the API process.
+
+It declares its role before settings load, so it gets the API's connection pool and
+never persistent connections (config/capacity.py), and it admits a bounded number of
+requests at a time (effect_broker.api.admission).
+"""
 
 import os
 
 from django.core.asgi import get_asgi_application
 
+# Set, not defaulted: an ASGI process is the API whatever the shared environment says.
+os.environ["EFFECT_BROKER_PROCESS_ROLE"] = "api"
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-application = get_asgi_application()
+django_application = get_asgi_application()
+
+from django.conf import settings  # noqa: E402  (settings are configured only now)
+from django.db import connections  # noqa: E402
+from django.db.backends.postgresql.base import (  # noqa: E402
+    DatabaseWrapper as PostgresWrapper,
+)
+
+from effect_broker.api.admission import InFlightLimit  # noqa: E402
+
+
+def _close_pools() -> None:
+    """Close the pools this process opened (at lifespan shutdown, after uvicorn has
+    let in-flight requests finish). Reading ``wrapper.pool`` would create a pool
+    that was never used, so only those already registered are closed."""
+    opened = getattr(PostgresWrapper, "_connection_pools", {})  # Django's registry
+    for alias in settings.DATABASES:
+        wrapper = connections[alias]
+        if isinstance(wrapper, PostgresWrapper) and alias in opened:
+            wrapper.close_pool()
+
+
+limits = settings.EFFECT_BROKER_API_ADMISSION
+application = InFlightLimit(
+    django_application,
+    max_in_flight=limits.max_in_flight,
+    max_queued=limits.max_queued,
+    queue_timeout=limits.queue_timeout,
+    on_shutdown=_close_pools,
+)

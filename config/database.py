@@ -26,13 +26,14 @@ UNAVAILABLE_REASON: str | None = None
 def connection_lifetime() -> dict[str, Any]:
     """``CONN_MAX_AGE`` (and health checks) from ``EFFECT_BROKER_DB_CONN_MAX_AGE``.
 
-    0, the default, is Django's: a new connection per request or job - right for the
-    ASGI API (Django advises against persistent connections under ASGI). Worker
-    processes should set it (e.g. 300): procrastinate closes Django's connection after
-    every job unless it may persist, and a fresh connection costs each job a backend
-    start and cold catalog caches, about 10 ms here (docs/benchmarks.md). Health
-    checks make a connection that died while idle (database restart) reconnect
-    instead of failing the next job.
+    0, the default, is Django's: a new connection per request or job. The API and
+    the workers keep their connections in a pool instead, and ignore this setting
+    (``config.capacity.apply_role``: under ASGI a persistent connection leaks). It
+    still serves a worker whose pool is turned off: procrastinate closes Django's
+    connection after every job unless it may persist, and a fresh connection costs
+    each job a backend start and cold catalog caches, about 10 ms here
+    (docs/benchmarks.md). Health checks make a connection that died while idle
+    (database restart) reconnect instead of failing the next job.
     """
     raw = os.environ.get("EFFECT_BROKER_DB_CONN_MAX_AGE", "").strip()
     try:

@@ -15,6 +15,11 @@ from collections.abc import Sequence
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a management command; return the process exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    from config.capacity import ROLE_ENV, role_for_command
+
+    # Before settings load: a worker gets the workers' connection pool, any other
+    # command none (config/capacity.py).
+    os.environ[ROLE_ENV] = role_for_command(args)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     from effect_broker.domain.errors import EffectBrokerError
 

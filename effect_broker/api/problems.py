@@ -7,18 +7,22 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.db import DatabaseError as DjangoDatabaseError
 from django.http import HttpRequest, HttpResponse
+from django.utils.deprecation import MiddlewareMixin
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError as NinjaAuthenticationError
 from ninja.errors import HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.parser import Parser
+from psycopg_pool import PoolTimeout
 
 from effect_broker.domain.canonical import canonical_json, parse_json_strict
 from effect_broker.domain.errors import (
     AuthenticationError,
     EffectBrokerError,
     InvalidJsonError,
+    OverloadedError,
 )
 
 logger = logging.getLogger(__name__)
@@ -40,8 +44,8 @@ class StrictJsonParser(Parser):
         return value
 
 
-def problem(status: int, code: str, detail: str, **extra: object) -> HttpResponse:
-    """Build an RFC 9457 problem response."""
+def problem_body(status: int, code: str, detail: str, **extra: object) -> bytes:
+    """The RFC 9457 problem document, as the bytes sent."""
     body = {
         "type": f"https://effect-broker.invalid/problems/{code}",
         "title": code.replace("_", " "),
@@ -50,7 +54,62 @@ def problem(status: int, code: str, detail: str, **extra: object) -> HttpRespons
         "detail": detail,
         **extra,
     }
-    return HttpResponse(canonical_json(body), status=status, content_type=PROBLEM_JSON)
+    return canonical_json(body)
+
+
+def problem(status: int, code: str, detail: str, **extra: object) -> HttpResponse:
+    """Build an RFC 9457 problem response."""
+    return HttpResponse(
+        problem_body(status, code, detail, **extra),
+        status=status,
+        content_type=PROBLEM_JSON,
+    )
+
+
+# --- capacity: one 503 for every way the process can be full ---------------------------
+
+#: Seconds a refused caller should wait; a request slot or connection frees in ms.
+RETRY_AFTER_SECONDS = 1
+
+
+def overloaded_body(reason: str) -> bytes:
+    """The 503 ``overloaded`` problem document; ``reason`` says which limit was hit."""
+    return problem_body(
+        OverloadedError.http_status,
+        OverloadedError.code,
+        OverloadedError.default_message(),
+        reason=reason,
+    )
+
+
+def overloaded(reason: str) -> HttpResponse:
+    """503 ``overloaded`` with ``Retry-After``: nothing was done, try again shortly."""
+    response = HttpResponse(
+        overloaded_body(reason),
+        status=OverloadedError.http_status,
+        content_type=PROBLEM_JSON,
+    )
+    response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
+
+
+#: SQLSTATE 53300: PostgreSQL itself has no connection slot left.
+_TOO_MANY_CONNECTIONS = "53300"
+
+
+def capacity_reason(exc: BaseException) -> str | None:
+    """``database_pool`` / ``database_connections`` when ``exc`` (a Django database
+    error or its psycopg cause) means no connection could be had; else None.
+
+    Either happens while getting the request's first connection, before any
+    statement ran, so the request did nothing and may be retried as it is.
+    """
+    cause = exc.__cause__ if isinstance(exc, DjangoDatabaseError) else exc
+    if isinstance(cause, PoolTimeout):
+        return "database_pool"
+    if getattr(cause, "sqlstate", None) == _TOO_MANY_CONNECTIONS:
+        return "database_connections"
+    return None
 
 
 def domain_error(request: HttpRequest, exc: EffectBrokerError) -> HttpResponse:
@@ -84,6 +143,34 @@ def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     return problem(exc.status_code, "http_error", str(exc))
 
 
+class CapacityErrorMiddleware(MiddlewareMixin):
+    """The same 503 ``overloaded`` for views outside the API (the admin), whose
+    errors Django, not django-ninja, turns into responses.
+
+    Only ``process_exception``: it costs nothing on a request that does not fail.
+    """
+
+    def process_exception(
+        self, request: HttpRequest, exception: Exception
+    ) -> HttpResponse | None:
+        return _refused_for_capacity(request, exception)  # None: Django's handling
+
+
+def _refused_for_capacity(request: HttpRequest, exc: Exception) -> HttpResponse | None:
+    reason = capacity_reason(exc)
+    if reason is None:
+        return None
+    logger.warning(
+        "refused: no database connection",
+        extra={"action": "overloaded", "reason": reason, "path": request.path},
+    )
+    return overloaded(reason)
+
+
+def _database_error(request: HttpRequest, exc: DjangoDatabaseError) -> HttpResponse:
+    return _refused_for_capacity(request, exc) or _unexpected(request, exc)
+
+
 def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
     logger.exception("unhandled error", extra={"action": "api", "path": request.path})
     return problem(500, "internal_error", "internal error; see server logs")
@@ -95,4 +182,5 @@ def install_handlers(api: NinjaAPI) -> None:
     api.exception_handler(NinjaValidationError)(_validation_error)
     api.exception_handler(NinjaAuthenticationError)(_auth_error)
     api.exception_handler(HttpError)(_http_error)
+    api.exception_handler(DjangoDatabaseError)(_database_error)
     api.exception_handler(Exception)(_unexpected)

@@ -244,6 +244,18 @@ class EmbeddedPostgresError(EffectBrokerError):
     http_status = 500
 
 
+class OverloadedError(EffectBrokerError):
+    """The broker is at capacity and did not process this request; retry later.
+
+    Answered before any work is done: an API process past its in-flight limit, or no
+    database connection free in its pool within the pool timeout. The response
+    carries ``Retry-After``; retrying a submit with the same operation key is safe.
+    """
+
+    code = "overloaded"
+    http_status = 503
+
+
 # --- adapters (target truth) ----------------------------------------------------------
 
 

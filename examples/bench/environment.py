@@ -36,8 +36,8 @@ from examples.crash_matrix.workers import ROOT, WorkerProcess, broker_env, wait_
 
 #: Production timing for bench workers (broker_env's defaults are the crash matrix's
 #: fast-recovery values, whose 1 s sweeps would add load that a deployment has not).
-#: Workers keep their database connection between jobs, as docker-compose.yml's do.
-WORKER_CONN_MAX_AGE = "300"
+#: Workers keep their database connections between jobs in the workers' pool
+#: (config/capacity.py), as docker-compose.yml's do.
 PRODUCTION_TIMING = {
     "EFFECT_BROKER_LEASE_SECONDS": "30",
     "EFFECT_BROKER_HEARTBEAT_SECONDS": "10",
@@ -191,8 +191,17 @@ class Services:
             encoding="utf-8",
         )
 
-    def worker_env(self, *, conn_max_age: str = WORKER_CONN_MAX_AGE) -> dict[str, str]:
-        """Environment of a bench worker: production timing, the no-op task loaded."""
+    def worker_env(self, *, pooled: bool = True) -> dict[str, str]:
+        """Environment of a bench worker: production timing, the no-op task loaded;
+        ``pooled=False``: no pool, a new database connection per job."""
+        connections_env = (
+            {}
+            if pooled
+            else {
+                "EFFECT_BROKER_WORKER_DB_POOL_MAX_SIZE": "0",
+                "EFFECT_BROKER_DB_CONN_MAX_AGE": "0",
+            }
+        )
         return broker_env(
             self.database_url,
             self.contracts,
@@ -201,7 +210,7 @@ class Services:
                 **PRODUCTION_TIMING,
                 # What production runs: DEBUG on would log and keep every query.
                 "DEBUG": "0",
-                "EFFECT_BROKER_DB_CONN_MAX_AGE": conn_max_age,
+                **connections_env,
                 "DJANGO_SETTINGS_MODULE": "examples.bench.worker_settings",
             },
         )
@@ -222,11 +231,11 @@ def _registered_workers(database_url: str) -> int:
 
 @contextmanager
 def running_workers(
-    services: Services, count: int, *, conn_max_age: str = WORKER_CONN_MAX_AGE
+    services: Services, count: int, *, pooled: bool = True
 ) -> Iterator[list[WorkerProcess]]:
     """``count`` real worker processes (concurrency 1 each), ready when yielded."""
     before = _registered_workers(services.database_url)
-    env = services.worker_env(conn_max_age=conn_max_age)
+    env = services.worker_env(pooled=pooled)
     workers = [WorkerProcess(f"bench-w{i + 1}", env, concurrency=1) for i in range(count)]
     try:
 

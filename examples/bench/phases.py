@@ -176,8 +176,8 @@ def _fresh_connections(
     pipeline: Pipeline,
     say: Say,
 ) -> None:
-    """The broker with 2 workers that open a new connection per job (Django's
-    default CONN_MAX_AGE=0): what persistent worker connections are worth."""
+    """The broker with 2 workers that open a new connection per job (no pool,
+    Django's default CONN_MAX_AGE=0): what the workers' connection pool is worth."""
     pipeline.drain_stale_jobs()
     case = ThroughputCase(
         "broker_2w_conn0",
@@ -185,7 +185,7 @@ def _fresh_connections(
         "broker",
         2,
     )
-    with running_workers(services, 2, conn_max_age="0"):
+    with running_workers(services, 2, pooled=False):
         pipeline.broker_burst(max(5, min(20, opts.items)))
         for _ in range(opts.bursts):
             burst = pipeline.broker_burst(opts.items)

@@ -54,6 +54,7 @@ EXPECTED = {
     "EventChainBrokenError": ("event_chain_broken", 500),
     "DecryptionError": ("decryption_failed", 500),
     "EmbeddedPostgresError": ("embedded_postgres", 500),
+    "OverloadedError": ("overloaded", 503),
     "AdapterError": ("adapter_error", 502),
     "RetryableAdapterError": ("adapter_retryable", 502),
     "SendRefusedError": ("send_refused", 502),
