@@ -207,6 +207,14 @@ class EmbeddedPostgresUnavailable(BrokerError):
     mirrors = domain.EmbeddedPostgresError
 
 
+class Overloaded(BrokerError):
+    """The broker was at capacity and did no work for this request (503 with
+    ``Retry-After``). The client resends it like any 5xx: with the same operation key
+    a resend is a replay."""
+
+    mirrors = domain.OverloadedError
+
+
 class AdapterFailed(BrokerError):
     """The target adapter failed."""
 
