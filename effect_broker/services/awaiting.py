@@ -37,7 +37,10 @@ def wait_until_settled(tenant: Tenant, effect_id: str, timeout: float) -> Effect
         # Read after LISTEN: a change committed before it is in this read.
         record = inspection.get_effect(tenant, effect_id)
         while not settled_for_caller(record):
-            if not listener.wait(record.effect_id, deadline - time.monotonic()):
-                break
+            woken = listener.wait(record.effect_id, deadline - time.monotonic())
+            # One read on waking, and one at the deadline: the caller gets the state
+            # as it is when the wait ends.
             record = inspection.get_effect(tenant, effect_id)
+            if not woken:
+                break
     return record

@@ -13,193 +13,41 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
 import mcp.types as types
 import pytest
-from django.conf import settings
-from django.db import connection, connections
 from mcp import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from config.database import url_from_settings
-from effect_broker.adapters.simulated_adapter import Fault, get_target, reset_targets
-from effect_broker.domain.contracts import load_contracts
+from effect_broker.adapters.simulated_adapter import Fault, get_target
 from effect_broker.domain.records import EffectRequest
 from effect_broker.domain.states import EffectStatus
-from effect_broker.models import EffectIntent, Tenant
-from effect_broker.scheduling import RecordingScheduler
 from effect_broker.services import runtime
 from effect_broker.services.dispatch import dispatch
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import create_tenant
-from examples.crash_matrix.workers import broker_env
+from tests.integration.mcp_support import (
+    MANAGEMENT,
+    ROOT,
+    WAIT_SECONDS,
+    World,
+    charge,
+    effect_by_key,
+    in_thread,
+    run_session,
+    text_of,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
-ROOT = Path(__file__).resolve().parents[2]
-#: How long the server waits for an effect to settle before "still running".
-WAIT_SECONDS = 6.0
-
-CONTRACTS = """
-[[contract]]
-name = "mcp.charge-unsafe"
-version = "1"
-tool = "charge_unsafe"
-safety = "unsafe"
-description = "Charge a card (no key support at the target)"
-[contract.mcp]
-[contract.mcp.input_schema]
-type = "object"
-required = ["order", "amount_minor"]
-additionalProperties = false
-properties.order.type = "string"
-properties.amount_minor = { type = "integer", minimum = 1 }
-
-[[contract]]
-name = "mcp.charge-idempotent"
-version = "1"
-tool = "charge_idempotent"
-safety = "idempotent"
-key_retention = "24h"
-[contract.mcp]
-description = "Charge a card once per order"
-[contract.mcp.input_schema]
-type = "object"
-required = ["order", "amount_minor"]
-additionalProperties = false
-properties.order.type = "string"
-properties.amount_minor = { type = "integer", minimum = 1 }
-
-# A contract with no MCP face, and one with its face switched off: neither is listed
-# nor callable.
-[[contract]]
-name = "mcp.refund"
-version = "1"
-tool = "refund_card"
-safety = "unsafe"
-
-[[contract]]
-name = "mcp.wipe"
-version = "1"
-tool = "wipe_disk"
-safety = "unsafe"
-[contract.mcp]
-expose = false
-input_schema = { type = "object" }
-"""
-
-MANAGEMENT = {
-    "get_effect",
-    "list_unknown_effects",
-    "get_receipt",
-    "request_reconciliation",
-}
-
-
-@dataclass
-class World:
-    """A tenant with an API key, the contracts file and the server's environment."""
-
-    tenant: Tenant
-    env: dict[str, str]
-
-    def intents(self) -> int:
-        return EffectIntent.objects.filter(tenant_id=self.tenant.id).count()
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    connection.ensure_connection()
-    path = tmp_path / "contracts.toml"
-    path.write_text(CONTRACTS)
-    tenant, api_key = create_tenant(f"mcp-{uuid.uuid4().hex[:6]}")
-    env = broker_env(
-        url_from_settings(connection.settings_dict),
-        path,
-        settings.EFFECT_BROKER_MASTER_KEY,
-        extra={
-            "EFFECT_BROKER_API_KEY": api_key,
-            "EFFECT_BROKER_MCP_WAIT_SECONDS": str(WAIT_SECONDS),
-        },
-    )
-    runtime.reset()
-    reset_targets()
-    try:
-        # This process dispatches with the same contracts the server submits under.
-        with runtime.override(
-            registry=load_contracts(path), scheduler=RecordingScheduler()
-        ):
-            yield World(tenant, env)
-    finally:
-        runtime.reset()
-        reset_targets()
-
-
-def run_session(
-    env: dict[str, str], body: Callable[[ClientSession], Awaitable[Any]]
-) -> Any:
-    """Spawn the stdio server, open a client session, run ``body`` in it."""
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "effect_broker.cli", "mcp", "--transport", "stdio"],
-        env=env,
-        cwd=ROOT,
-    )
-
-    async def main() -> Any:
-        async with (
-            stdio_client(params) as (read, write),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
-            return await body(session)
-
-    return anyio.run(main)
-
-
-def in_thread(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
-    """Run Django code from inside the session's event loop (in a worker thread, whose
-    connection is closed after, so the test database can be dropped at the end)."""
-
-    def run() -> Any:
-        try:
-            return fn(*args)
-        finally:
-            connections.close_all()
-
-    return anyio.to_thread.run_sync(run)
-
-
-def charge(key: str, amount: int = 1999) -> dict[str, Any]:
-    return {"operation_key": key, "order": "42", "amount_minor": amount}
-
-
-def text_of(result: types.CallToolResult) -> str:
-    return " ".join(c.text for c in result.content if isinstance(c, types.TextContent))
-
-
-def effect_by_key(tenant: Tenant, key: str, timeout: float = 10.0) -> str:
-    """The id of ``tenant``'s effect for ``key``, once the server has reserved it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = EffectIntent.objects.filter(tenant_id=tenant.id, operation_key=key).first()
-        if row is not None:
-            return str(row.id)
-        time.sleep(0.05)
-    raise AssertionError(f"no effect reserved for {key!r}")
-
 
 def test_tool_list_mirrors_the_contracts_and_hides_what_has_no_face(
-    world: World,
+    mcp_world: World,
 ) -> None:
     # Given contracts with two exposed tools, one without a face, one switched off
     # When an MCP client lists the tools
-    listed = run_session(world.env, lambda s: s.list_tools())
+    listed = run_session(mcp_world.env, lambda s: s.list_tools())
     tools = {tool.name: tool for tool in listed.tools}
 
     # Then it sees the management tools and exactly the two exposed proxy tools
@@ -228,7 +76,9 @@ def test_tool_list_mirrors_the_contracts_and_hides_what_has_no_face(
     assert idempotent.description.startswith("Charge a card once per order")
 
 
-def test_invalid_or_unlisted_calls_are_refused_and_store_nothing(world: World) -> None:
+def test_invalid_or_unlisted_calls_are_refused_and_store_nothing(
+    mcp_world: World,
+) -> None:
     async def body(session: ClientSession) -> list[types.CallToolResult]:
         return [
             # no operation_key
@@ -240,7 +90,7 @@ def test_invalid_or_unlisted_calls_are_refused_and_store_nothing(world: World) -
             await session.call_tool("refund_card", {"operation_key": "k:2"}),
         ]
 
-    missing_key, bad_amount, hidden, faceless = run_session(world.env, body)
+    missing_key, bad_amount, hidden, faceless = run_session(mcp_world.env, body)
 
     assert missing_key.is_error
     assert missing_key.structured_content["code"] == "invalid_arguments"
@@ -252,18 +102,18 @@ def test_invalid_or_unlisted_calls_are_refused_and_store_nothing(world: World) -
         assert refused.is_error
         assert refused.structured_content["code"] == "unknown_tool"
     # Negative: no intent was reserved by any of them
-    assert world.intents() == 0
+    assert mcp_world.intents() == 0
 
 
 def test_call_still_running_then_receipt_on_redelivery_and_drift_is_a_conflict(
-    world: World,
+    mcp_world: World,
 ) -> None:
     key = f"run:{uuid.uuid4().hex[:8]}:step:charge"
 
     async def body(session: ClientSession) -> dict[str, Any]:
         # Given nobody dispatches yet: the call answers "still running" after the wait
         first = await session.call_tool("charge_idempotent", charge(key))
-        effect_id = await in_thread(effect_by_key, world.tenant, key)
+        effect_id = await in_thread(effect_by_key, mcp_world.tenant, key)
         # When the worker (this process) dispatches it
         settled = await in_thread(lambda: dispatch(effect_id, worker="test"))
         # Then the redelivered call returns the receipt, and again the same
@@ -279,7 +129,7 @@ def test_call_still_running_then_receipt_on_redelivery_and_drift_is_a_conflict(
             "drift": drift,
         }
 
-    out = run_session(world.env, body)
+    out = run_session(mcp_world.env, body)
     effect_id = out["effect_id"]
 
     first = out["first"]
@@ -298,17 +148,17 @@ def test_call_still_running_then_receipt_on_redelivery_and_drift_is_a_conflict(
     assert second.meta == {"effect_broker/effect_id": effect_id}
     assert third.structured_content == second.structured_content
     # One effect, one charge at the target, however often the call was delivered
-    assert world.intents() == 1
+    assert mcp_world.intents() == 1
     target = get_target(runtime.get_runtime().registry.for_tool("charge_idempotent"))
     assert target.effect_count() == 1
     drift = out["drift"]
     assert drift.is_error
     assert drift.structured_content["code"] == "payload_conflict"
     assert drift.structured_content["details"]["effect_id"] == effect_id
-    assert world.intents() == 1
+    assert mcp_world.intents() == 1
 
 
-def test_unsafe_lost_answer_reaches_the_agent_as_unknown(world: World) -> None:
+def test_unsafe_lost_answer_reaches_the_agent_as_unknown(mcp_world: World) -> None:
     key = f"run:{uuid.uuid4().hex[:8]}:step:charge"
     contract = runtime.get_runtime().registry.for_tool("charge_unsafe")
     # Given the unsafe target will commit and lose its answer
@@ -325,7 +175,7 @@ def test_unsafe_lost_answer_reaches_the_agent_as_unknown(world: World) -> None:
         async with anyio.create_task_group() as group:
             group.start_soon(call)
             # When the worker dispatches it while the call waits
-            effect_id = await in_thread(effect_by_key, world.tenant, key)
+            effect_id = await in_thread(effect_by_key, mcp_world.tenant, key)
             await in_thread(lambda: dispatch(effect_id, worker="test"))
         results["effect_id"] = effect_id
         results["listed"] = await session.call_tool("list_unknown_effects", {})
@@ -335,7 +185,7 @@ def test_unsafe_lost_answer_reaches_the_agent_as_unknown(world: World) -> None:
         results["again"] = await session.call_tool("charge_unsafe", charge(key))
         return results
 
-    out = run_session(world.env, body)
+    out = run_session(mcp_world.env, body)
     effect_id = out["effect_id"]
 
     # Then the waiting call is woken by the change (not by its time running out)
@@ -364,11 +214,11 @@ def test_unsafe_lost_answer_reaches_the_agent_as_unknown(world: World) -> None:
     assert out["reconcile"].structured_content["code"] == "illegal_transition"
 
 
-def test_management_tools_are_tenant_scoped(world: World) -> None:
+def test_management_tools_are_tenant_scoped(mcp_world: World) -> None:
     # Given one effect of this tenant and one of another tenant
     other, _ = create_tenant(f"other-{uuid.uuid4().hex[:6]}")
     mine = submit(
-        world.tenant,
+        mcp_world.tenant,
         EffectRequest(operation_key="mine:1", tool="charge_unsafe", arguments={}),
     ).effect
     theirs = submit(
@@ -385,7 +235,7 @@ def test_management_tools_are_tenant_scoped(world: World) -> None:
             ),
         ]
 
-    own, foreign, foreign_receipt, foreign_reconcile = run_session(world.env, body)
+    own, foreign, foreign_receipt, foreign_reconcile = run_session(mcp_world.env, body)
 
     assert not own.is_error
     assert own.structured_content["effect_id"] == mine.effect_id
@@ -399,9 +249,9 @@ def test_management_tools_are_tenant_scoped(world: World) -> None:
 
 @pytest.mark.parametrize("api_key", [None, "eb_not-a-real-key"])
 def test_stdio_refuses_to_start_without_a_valid_api_key(
-    world: World, api_key: str | None
+    mcp_world: World, api_key: str | None
 ) -> None:
-    env = dict(world.env)
+    env = dict(mcp_world.env)
     env.pop("EFFECT_BROKER_API_KEY")
     if api_key is not None:
         env["EFFECT_BROKER_API_KEY"] = api_key
