@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import jsonschema
 import mcp.types as types
+from django.db import connections
 from mcp.server import Server, ServerRequestContext
 
 from effect_broker.domain.errors import EffectBrokerError
@@ -61,7 +62,7 @@ def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Serve
         arguments = dict(params.arguments or {})
         try:
             return await anyio.to_thread.run_sync(
-                _call, tenant, params.name, arguments, settings
+                _in_thread, tenant, params.name, arguments, settings
             )
         except EffectBrokerError as exc:
             return _domain_error(exc)
@@ -79,6 +80,17 @@ def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Serve
 
 
 # --- calls (run in a worker thread) ----------------------------------------------
+
+
+def _in_thread(
+    tenant: Tenant, name: str, arguments: dict[str, Any], settings: McpSettings
+) -> types.CallToolResult:
+    try:
+        return _call(tenant, name, arguments, settings)
+    finally:
+        # Worker threads come and go: a connection left on one would outlive it
+        # unclosed. One connection per call is cheap next to the call itself.
+        connections.close_all()
 
 
 def _call(
