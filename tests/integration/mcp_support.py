@@ -107,10 +107,12 @@ def open_world(tmp_path: Path) -> Iterator[World]:
     path = tmp_path / "contracts.toml"
     path.write_text(CONTRACTS)
     tenant, api_key = create_tenant(f"mcp-{uuid.uuid4().hex[:6]}")
+    master_key = settings.EFFECT_BROKER_MASTER_KEY
+    assert master_key is not None
     env = broker_env(
         url_from_settings(connection.settings_dict),
         path,
-        settings.EFFECT_BROKER_MASTER_KEY,
+        master_key,
         extra={
             "EFFECT_BROKER_API_KEY": api_key,
             "EFFECT_BROKER_MCP_WAIT_SECONDS": str(WAIT_SECONDS),

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import mcp.types as types
 import pytest
+from django.db import connection
 from mcp import ClientSession
 
 from effect_broker.adapters.simulated_adapter import Fault, get_target
@@ -27,6 +28,7 @@ from effect_broker.services import runtime
 from effect_broker.services.dispatch import dispatch
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import create_tenant
+from examples.crash_matrix.workers import WorkerProcess, wait_until
 from tests.integration.mcp_support import (
     MANAGEMENT,
     ROOT,
@@ -270,3 +272,39 @@ def test_stdio_refuses_to_start_without_a_valid_api_key(
     assert len(lines) == 1
     assert "EFFECT_BROKER_API_KEY" in lines[0]
     assert "refusing to start" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_worker_process_settles_the_call_within_its_wait(mcp_world: World) -> None:
+    # Given a real procrastinate worker process on the same database and contracts
+    with connection.cursor() as cur:
+        cur.execute(
+            "TRUNCATE procrastinate_jobs, procrastinate_periodic_defers, "
+            "procrastinate_workers CASCADE"
+        )
+    worker = WorkerProcess("mcp-worker", mcp_world.env)
+    try:
+        wait_until(
+            lambda: _workers_registered() > 0, timeout=60, what="the worker to start"
+        )
+        key = f"run:{uuid.uuid4().hex[:8]}:step:charge"
+        # When the agent calls the tool once
+        result = run_session(
+            mcp_world.env, lambda s: s.call_tool("charge_idempotent", charge(key))
+        )
+    finally:
+        worker.stop()
+
+    # Then that one call returns the receipt: the server's submit deferred the job,
+    # the worker dispatched it, and its commit woke the waiting call (had the wait run
+    # out first, the answer would be "still running")
+    assert not result.is_error, text_of(result)
+    assert result.structured_content["status"] == "succeeded"
+    assert result.structured_content["charge_id"]
+    assert mcp_world.intents() == 1
+
+
+def _workers_registered() -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM procrastinate_workers")
+        return int(cur.fetchone()[0])
