@@ -58,9 +58,9 @@ def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Serve
     async def on_call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        tenant = resolve_tenant(ctx)
         arguments = dict(params.arguments or {})
         try:
+            tenant = resolve_tenant(ctx)
             return await anyio.to_thread.run_sync(
                 _in_thread, tenant, params.name, arguments, settings
             )
@@ -135,7 +135,8 @@ def _schema_problems(schema: dict[str, Any], arguments: dict[str, Any]) -> list[
     validator_class = jsonschema.validators.validator_for(schema)
     validator = validator_class(schema)
     problems = []
-    for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.path)):
+    errors = validator.iter_errors(arguments)
+    for error in sorted(errors, key=lambda e: [str(part) for part in e.path]):
         path = ".".join(str(part) for part in error.path)
         if not path and error.validator == "required":
             # "'x' is a required property": name the missing field itself.
