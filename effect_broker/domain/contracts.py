@@ -27,6 +27,14 @@ File format (``contracts.toml``)::
     description = "Charge a card"  # optional
     [contract.adapter_options]     # optional table, passed to the adapter as is
     url = "http://127.0.0.1:8081/charges"
+    [contract.mcp]                 # optional: the tool's face on the MCP server
+    expose = true                  # list and forward it; default true
+    description = "Charge a card once per order"   # default: the contract's
+    # input_schema_file = "schemas/charge.json"  (relative to this file), or inline:
+    [contract.mcp.input_schema]    # a JSON Schema of type "object"
+    type = "object"
+    required = ["amount"]
+    properties.amount.type = "integer"
 
 Durations are strings ``<positive number><unit>`` with unit ``ms``, ``s``, ``m``, ``h``
 or ``d`` ("500ms", "1.5s", "24h"). Bare numbers are refused: ``key_retention = 24``
@@ -39,6 +47,7 @@ the default). Every ``ContractError`` names the file, the contract and the field
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import tomllib
@@ -46,8 +55,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NoReturn
+
+import jsonschema
 
 from effect_broker.domain.errors import ContractError, UnknownContractError
 from effect_broker.domain.states import SafetyClass
@@ -89,6 +101,21 @@ def _freeze(value: object) -> object:
 
 
 @dataclass(frozen=True, slots=True)
+class McpFace:
+    """A tool's face on the MCP server: whether it is listed, its text, its schema."""
+
+    input_schema_json: str
+    expose: bool = True
+    description: str = ""
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        """The arguments' JSON Schema, a fresh mutable copy each time."""
+        schema: dict[str, Any] = json.loads(self.input_schema_json)
+        return schema
+
+
+@dataclass(frozen=True, slots=True)
 class EffectContract:
     """One version of a tool's contract: its safety class and the broker's retry rules."""
 
@@ -111,6 +138,7 @@ class EffectContract:
     preview_fields: tuple[str, ...] = ()
     active: bool = True
     description: str = ""
+    mcp: McpFace | None = None
 
     def __post_init__(self) -> None:
         # Contracts built in code get the same invariants as contracts from a file;
@@ -163,6 +191,8 @@ class EffectContract:
             self._fail("active", "must be true or false")
         if not isinstance(self.description, str):
             self._fail("description", "must be a string")
+        if self.mcp is not None and not isinstance(self.mcp, McpFace):
+            self._fail("mcp", "must be an McpFace")
 
     def _require_text(self, name: str) -> None:
         value = getattr(self, name)
@@ -273,7 +303,9 @@ _FIELDS = (
     "preview_fields",
     "active",
     "description",
+    "mcp",
 )
+_MCP_FIELDS = ("expose", "description", "input_schema", "input_schema_file")
 _DURATION_FIELDS = (
     "key_retention",
     "settlement_bound",
@@ -340,12 +372,69 @@ def _parse_one(raw: object, index: int, source: str) -> EffectContract:
         )
     if "preview_fields" in table and not isinstance(table["preview_fields"], list):
         raise error("must be a list of strings", "preview_fields", label, version)
+    if "mcp" in table:
+        try:
+            values["mcp"] = _parse_mcp(table["mcp"], source)
+        except ValueError as exc:
+            field_name, _, reason = str(exc).partition(": ")
+            raise error(reason, field_name, label, version) from exc
     try:
         return EffectContract(**values)
     except ContractError as exc:
         # Same invariant, now with the file and position an operator needs.
         reason, field_name = str(exc.details["reason"]), str(exc.details["field"])
         raise error(reason, field_name, label, version) from exc
+
+
+def _parse_mcp(raw: object, source: str) -> McpFace:
+    """Parse ``[contract.mcp]``; raise ValueError("<field>: <reason>")."""
+    if not isinstance(raw, dict):
+        raise ValueError("mcp: must be a table ([contract.mcp])")
+    for key in raw:
+        if key not in _MCP_FIELDS:
+            raise ValueError(f"mcp.{key}: {_unknown_key_reason(key, _MCP_FIELDS)}")
+    expose = raw.get("expose", True)
+    if not isinstance(expose, bool):
+        raise ValueError("mcp.expose: must be true or false")
+    description = raw.get("description", "")
+    if not isinstance(description, str):
+        raise ValueError("mcp.description: must be a string")
+    if ("input_schema" in raw) == ("input_schema_file" in raw):
+        raise ValueError(
+            "mcp.input_schema: give exactly one of input_schema (an inline table) "
+            "or input_schema_file (a JSON file)"
+        )
+    if "input_schema" in raw:
+        schema, where = raw["input_schema"], "mcp.input_schema"
+    else:
+        schema, where = _read_schema_file(raw["input_schema_file"], source)
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        raise ValueError(f'{where}: must be a JSON Schema with type = "object"')
+    if "operation_key" in schema.get("properties", {}):
+        # The broker adds operation_key itself; a schema may not redefine it.
+        raise ValueError(f"{where}: must not declare operation_key (the broker adds it)")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ValueError(f"{where}: not a valid JSON Schema: {exc.message}") from exc
+    return McpFace(
+        input_schema_json=json.dumps(schema, sort_keys=True),
+        expose=expose,
+        description=description,
+    )
+
+
+def _read_schema_file(value: object, source: str) -> tuple[object, str]:
+    where = "mcp.input_schema_file"
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{where}: must be a path string")
+    path = Path(value)
+    if not path.is_absolute() and not source.startswith("<"):
+        path = Path(source).parent / path  # relative to the contracts file
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), where
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{where}: cannot read {str(path)!r}: {exc}") from exc
 
 
 def parse_contracts(text: str, *, source: str = "<string>") -> ContractRegistry:

@@ -33,3 +33,12 @@ def make_operator(username: str, *, staff: bool = True, permitted: bool = True) 
 def operator(db: None) -> Any:
     """The staff user 'ann', holding effect_broker.resolve_effect."""
     return make_operator("ann")
+
+
+@pytest.fixture
+def mcp_world(tmp_path: Any) -> Iterator[Any]:
+    """Contracts with MCP faces, a tenant with its API key, the MCP server's env."""
+    from tests.integration.mcp_support import open_world
+
+    with open_world(tmp_path) as world:
+        yield world

@@ -17,7 +17,13 @@ USE_CASES = sorted(
         PACKAGE / "scheduling.py",
     ]
 )
-DELIVERY = ("effect_broker.tasks", "effect_broker.api", "effect_broker.admin")
+DELIVERY = (
+    "effect_broker.tasks",
+    "effect_broker.api",
+    "effect_broker.admin",
+    "effect_broker.mcp",
+)
+MCP_SURFACE = sorted((PACKAGE / "mcp").glob("*.py"))
 
 
 def _imports(path: Path) -> set[str]:
@@ -43,3 +49,14 @@ def test_use_cases_do_not_import_the_delivery_layer(path: Path) -> None:
         if name.startswith(DELIVERY) or name.startswith("effect_broker.management")
     )
     assert leaks == [], f"{path.name} imports the delivery layer: {leaks}"
+
+
+@pytest.mark.parametrize("path", MCP_SURFACE, ids=lambda p: p.name)
+def test_the_mcp_surface_calls_services_never_the_store(path: Path) -> None:
+    # STYLE "Layering": the MCP server is a surface like api.py.
+    leaks = sorted(
+        name
+        for name in _imports(path)
+        if name == "effect_broker.store" or name.startswith("effect_broker.store.")
+    )
+    assert leaks == [], f"{path.name} reaches past the services: {leaks}"

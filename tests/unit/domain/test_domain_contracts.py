@@ -276,7 +276,7 @@ RULES = [
         _one(MINIMAL + "retry_limt = 5\n"),
         "contract 'p.x' v1: field 'retry_limt': unknown key; did you mean "
         "'retry_limit'? (allowed: active, adapter, adapter_options, attempt_timeout, "
-        "backoff_initial, backoff_max, description, key_retention, name, "
+        "backoff_initial, backoff_max, description, key_retention, mcp, name, "
         "preview_fields, retry_limit, safety, settlement_bound, tool, version)",
         id="unknown key",
     ),

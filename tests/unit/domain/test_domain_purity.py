@@ -15,7 +15,8 @@ import pytest
 
 DOMAIN = Path(__file__).resolve().parents[3] / "effect_broker" / "domain"
 MODULES = sorted(DOMAIN.glob("*.py"))
-ALLOWED_THIRD_PARTY = {"rfc8785", "cryptography"}
+# jsonschema: contracts check an MCP face's schema when the file loads.
+ALLOWED_THIRD_PARTY = {"rfc8785", "cryptography", "jsonschema"}
 
 
 def _imported_modules(path: Path) -> list[str]:

@@ -1,0 +1,279 @@
+"""The MCP server: a low-level ``mcp.server.Server`` whose handlers call the services.
+
+Thin glue (STYLE rule 4): a handler finds the caller's tenant, checks arguments, calls
+one service and shapes its answer. Services are synchronous Django code, so each call
+runs in a worker thread (``anyio.to_thread``); the event loop keeps serving.
+
+A domain error reaches the agent as a tool error (``is_error``) carrying the error's
+stable ``code`` (``EffectBrokerError.to_dict``), the same code the HTTP API returns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import jsonschema
+import mcp.types as types
+from django.db import connections
+from mcp.server import Server, ServerRequestContext
+
+from effect_broker.domain.errors import EffectBrokerError
+from effect_broker.domain.records import EffectRecord, EffectRequest
+from effect_broker.domain.states import EffectStatus
+from effect_broker.mcp import tools
+from effect_broker.models import Tenant
+from effect_broker.services import awaiting, inspection, resolution
+from effect_broker.services.runtime import get_runtime
+from effect_broker.services.submission import submit
+
+logger = logging.getLogger(__name__)
+
+#: Finds the caller's tenant for a request (fixed for stdio, per request for HTTP).
+TenantResolver = Callable[[ServerRequestContext[Any, Any]], Tenant]
+
+#: Default bound on how long a proxy call waits for its effect to settle.
+DEFAULT_WAIT_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class McpSettings:
+    """How the server behaves; ``wait_seconds`` bounds a proxy call's wait."""
+
+    wait_seconds: float = DEFAULT_WAIT_SECONDS
+
+
+def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Server[Any]:
+    """The effect-broker MCP server for the tenants ``resolve_tenant`` returns."""
+
+    async def on_list_tools(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tools.list_tools(get_runtime().registry))
+
+    async def on_call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        arguments = dict(params.arguments or {})
+        try:
+            tenant = resolve_tenant(ctx)
+            return await anyio.to_thread.run_sync(
+                _in_thread, tenant, params.name, arguments, settings
+            )
+        except EffectBrokerError as exc:
+            return _domain_error(exc)
+
+    return Server(
+        "effect-broker",
+        instructions=(
+            "Side-effecting tools go through effect-broker: pass the same operation_key "
+            "on every retry of a step. An unknown outcome is reported as such; never "
+            "redo it under another key."
+        ),
+        on_list_tools=on_list_tools,
+        on_call_tool=on_call_tool,
+    )
+
+
+# --- calls (run in a worker thread) ----------------------------------------------
+
+
+def _in_thread(
+    tenant: Tenant, name: str, arguments: dict[str, Any], settings: McpSettings
+) -> types.CallToolResult:
+    try:
+        return _call(tenant, name, arguments, settings)
+    finally:
+        # Worker threads come and go: a connection left on one would outlive it
+        # unclosed. One connection per call is cheap next to the call itself.
+        connections.close_all()
+
+
+def _call(
+    tenant: Tenant, name: str, arguments: dict[str, Any], settings: McpSettings
+) -> types.CallToolResult:
+    if name in tools.MANAGEMENT_NAMES:
+        return _management(tenant, name, arguments)
+    contract = tools.exposed_contracts(get_runtime().registry).get(name)
+    if contract is None:
+        # Strict: only a listed tool is forwarded, and only a contract lists one.
+        return _error(
+            "unknown_tool",
+            f"There is no tool {name!r}: only the listed tools can be called, and a "
+            "side-effecting tool is listed only with a versioned contract. Nothing was "
+            "done.",
+        )
+    problems = _schema_problems(tools.proxy_input_schema(contract), arguments)
+    if problems:
+        return _error(
+            "invalid_arguments",
+            "Arguments refused, nothing was stored or sent: " + "; ".join(problems),
+            fields=[p.split(":", 1)[0] for p in problems],
+        )
+    operation_key = arguments.pop("operation_key")
+    reservation = submit(
+        tenant,
+        EffectRequest(
+            operation_key=operation_key,
+            tool=name,
+            arguments=arguments,
+            requested_by="mcp",
+        ),
+    )
+    record = awaiting.wait_until_settled(
+        tenant, reservation.effect.effect_id, settings.wait_seconds
+    )
+    return _outcome(tenant, record)
+
+
+def _schema_problems(schema: dict[str, Any], arguments: dict[str, Any]) -> list[str]:
+    """Every way ``arguments`` break ``schema``, each as '<field path>: <reason>'."""
+    validator_class = jsonschema.validators.validator_for(schema)
+    validator = validator_class(schema)
+    problems = []
+    errors = validator.iter_errors(arguments)
+    for error in sorted(errors, key=lambda e: [str(part) for part in e.path]):
+        path = ".".join(str(part) for part in error.path)
+        if not path and error.validator == "required":
+            # "'x' is a required property": name the missing field itself.
+            missing = [f for f in error.validator_value if f not in arguments]
+            path = missing[0] if len(missing) == 1 else ",".join(missing)
+        problems.append(f"{path or '(arguments)'}: {error.message}")
+    return problems
+
+
+def _outcome(tenant: Tenant, record: EffectRecord) -> types.CallToolResult:
+    """The agent's answer for an effect as it stands after the wait."""
+    status = record.status
+    ids = {"effect_id": record.effect_id, "status": status.value}
+    if status is EffectStatus.SUCCEEDED:
+        receipt = inspection.get_receipt(tenant, record.effect_id)
+        result = dict(receipt.result)
+        return types.CallToolResult(
+            content=[_text(json.dumps(result, sort_keys=True))],
+            structured_content=result,
+            _meta={"effect_broker/effect_id": record.effect_id},
+        )
+    if status in (EffectStatus.OUTCOME_UNKNOWN, EffectStatus.MANUAL_REVIEW):
+        who = (
+            "An operator will look at the target and resolve it"
+            if inspection.needs_operator(record)
+            else "The broker is checking with the target; if that cannot settle it, an "
+            "operator will resolve it"
+        )
+        return _error(
+            "outcome_unknown",
+            f"Nobody knows yet whether this happened (effect {record.effect_id}, status "
+            f"{status.value}): the request may have reached the target and its answer "
+            f"was lost. {who}. Do NOT retry it under another operation key - that could "
+            "do it twice. Calling again with the same operation key is safe and returns "
+            "this effect's state.",
+            **ids,
+        )
+    if status in awaiting.FINAL:
+        return _error(
+            status.value,
+            f"Effect {record.effect_id} ended {status.value}; it will not be sent again. "
+            "Calling again with the same operation key returns this same answer.",
+            **ids,
+        )
+    return types.CallToolResult(
+        content=[
+            _text(
+                f"Still running: effect {record.effect_id} is {status.value}. Call this "
+                "tool again with the same operation_key and arguments to get its "
+                "outcome; do not use a new key."
+            )
+        ],
+        structured_content={**ids, "done": False},
+    )
+
+
+def _management(
+    tenant: Tenant, name: str, arguments: dict[str, Any]
+) -> types.CallToolResult:
+    schema = next(t.input_schema for t in tools.MANAGEMENT_TOOLS if t.name == name)
+    problems = _schema_problems(schema, arguments)
+    if problems:
+        return _error("invalid_arguments", "; ".join(problems))
+    if name == tools.GET_EFFECT:
+        record = inspection.get_effect(tenant, arguments["effect_id"])
+        return _data(_effect(record))
+    if name == tools.GET_RECEIPT:
+        receipt = inspection.get_receipt(tenant, arguments["effect_id"])
+        return _data(
+            {
+                "receipt_id": receipt.receipt_id,
+                "effect_id": receipt.effect_id,
+                "external_id": receipt.external_id,
+                "result": dict(receipt.result),
+                "contract_version": receipt.contract_version,
+                "created_at": receipt.created_at.isoformat(),
+            }
+        )
+    if name == tools.LIST_UNKNOWN_EFFECTS:
+        limit = arguments.get("limit", 50)
+        records = [
+            record
+            for status in (EffectStatus.OUTCOME_UNKNOWN, EffectStatus.MANUAL_REVIEW)
+            for record in inspection.list_effects(tenant, status=status, limit=limit)
+        ]
+        records.sort(key=lambda r: r.created_at, reverse=True)
+        return _data({"effects": [_effect(r) for r in records[:limit]]})
+    asked = resolution.request_reconciliation(
+        tenant, arguments["effect_id"], requested_by="mcp"
+    )
+    return _data({**_effect(asked.effect), "reconcile_requested": asked.deferred})
+
+
+def _effect(record: EffectRecord) -> dict[str, Any]:
+    return {
+        "effect_id": record.effect_id,
+        "operation_key": record.operation_key,
+        "tool": record.tool,
+        "contract": f"{record.contract_name}@{record.contract_version}",
+        "safety_class": record.safety.value,
+        "status": record.status.value,
+        "attempt_count": record.attempt_count,
+        "needs_operator": inspection.needs_operator(record),
+        "receipt_id": record.receipt_id,
+        "created_at": record.created_at.isoformat(),
+        "updated_at": record.updated_at.isoformat(),
+    }
+
+
+# --- results ----------------------------------------------------------------------
+
+
+def _text(text: str) -> types.TextContent:
+    return types.TextContent(type="text", text=text)
+
+
+def _data(data: dict[str, Any]) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[_text(json.dumps(data, sort_keys=True))], structured_content=data
+    )
+
+
+def _error(code: str, message: str, **details: object) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[_text(f"[{code}] {message}")],
+        # Details are JSON-safe (no datetimes or bytes reach the agent unencoded).
+        structured_content=json.loads(
+            json.dumps(
+                {"code": code, "message": message, "details": details}, default=str
+            )
+        ),
+        is_error=True,
+    )
+
+
+def _domain_error(exc: EffectBrokerError) -> types.CallToolResult:
+    """A domain error as a tool error, with the code the HTTP API uses."""
+    # Another tenant's effect is simply not found: the store reads tenant-scoped.
+    logger.info("mcp tool refused", extra={"action": "mcp_call", "code": exc.code})
+    return _error(exc.code, exc.message, **exc.details)

@@ -1,0 +1,58 @@
+"""The MCP tool list and argument checks, without a database (issue 10, item 3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from effect_broker.domain.contracts import parse_contracts
+from effect_broker.mcp.server import _schema_problems
+from effect_broker.mcp.tools import MANAGEMENT_NAMES, list_tools, proxy_input_schema
+
+FACE = """
+[contract.mcp]
+[contract.mcp.input_schema]
+type = "object"
+required = ["items"]
+properties.items = { type = "array", items = { type = "object", required = ["sku"] } }
+"""
+
+
+def _registry(safety: str, extra: str = "") -> str:
+    return (
+        f'[[contract]]\nname = "c.{safety}"\nversion = "1"\ntool = "t_{safety}"\n'
+        f'safety = "{safety}"\n{extra}' + FACE
+    )
+
+
+@pytest.mark.parametrize(
+    ("safety", "extra", "idempotent"),
+    [
+        ("unsafe", "", False),
+        ("idempotent", 'key_retention = "1h"\n', True),
+        ("reconcilable", 'settlement_bound = "2s"\n', True),
+        ("transactional", "", True),
+    ],
+)
+def test_annotations_follow_the_safety_class(
+    safety: str, extra: str, idempotent: bool
+) -> None:
+    tools = {t.name: t for t in list_tools(parse_contracts(_registry(safety, extra)))}
+    tool = tools[f"t_{safety}"]
+    assert set(tools) == MANAGEMENT_NAMES | {f"t_{safety}"}
+    assert tool.annotations is not None
+    assert tool.annotations.destructive_hint is True
+    assert tool.annotations.read_only_hint is False
+    assert tool.annotations.idempotent_hint is idempotent
+
+
+def test_schema_problems_name_nested_and_missing_fields() -> None:
+    contract = parse_contracts(_registry("unsafe")).for_tool("t_unsafe")
+    schema = proxy_input_schema(contract)
+    problems = _schema_problems(schema, {"items": [{"sku": "a"}, {}, 3]})
+    # Top-level problems first, then by path
+    assert [p.split(":", 1)[0] for p in problems] == [
+        "operation_key",
+        "items.1",
+        "items.2",
+    ]
+    assert _schema_problems(schema, {"operation_key": "k", "items": []}) == []
