@@ -26,7 +26,7 @@ OPERATION_KEY_DESCRIPTION = (
     "step's identity (for example 'run:7f3a:step:charge-order-42', or a business key "
     "such as 'order:42:charge:v1'). Never generate a fresh random value per call: "
     "calling again with the same key returns the same effect instead of acting twice, "
-    "and a new key is a new, second operation."
+    "and any other key starts a second operation."
 )
 
 _EFFECT_ID = {

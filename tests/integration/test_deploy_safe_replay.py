@@ -184,6 +184,38 @@ FORK_DESCRIPTIONS = {
 }
 
 
+#: A sentence that says not to use another key is a warning, not advice (the MCP tools
+#: tell agents exactly that).
+_NEGATION = re.compile(r"\b(not|never)\b|n't", re.IGNORECASE)
+
+
+def advice_lines(source: str) -> list[int]:
+    """Lines of ``source`` whose string literals advise a new key: the phrase, in a
+    sentence (read across the string literals of the lines before it) with no negation."""
+    lines = source.splitlines()
+    found = []
+    for n, line in enumerate(lines, 1):
+        if line.lstrip().startswith("#"):
+            continue
+        for match in _NEW_KEY_ADVICE.finditer(line):
+            before = " ".join(
+                text.strip().strip('f"') for text in lines[max(0, n - 3) : n - 1]
+            )
+            sentence = re.split(r"[.;:!?]\s", f"{before} {line[: match.start()]}")[-1]
+            if not _NEGATION.search(sentence):
+                found.append(n)
+    return found
+
+
+def test_the_advice_scan_tells_advice_from_a_warning() -> None:
+    assert advice_lines('msg = "Conflict. Use a new operation key."') == [1]
+    assert advice_lines('msg = (\n    "Retry with a different key"\n)') == [2]
+    assert advice_lines('msg = "Still running; do not use a new key."') == []
+    assert (
+        advice_lines('msg = (\n    "Do NOT retry it under "\n    "another key."\n)') == []
+    )
+
+
 def test_no_message_in_the_broker_source_advises_a_new_key() -> None:
     # Messages are composed where raised: scan every string literal of the package.
     root = Path(__file__).resolve().parents[2] / "effect_broker"
@@ -191,11 +223,10 @@ def test_no_message_in_the_broker_source_advises_a_new_key() -> None:
         f"{path.relative_to(root)}:{n}"
         for path in root.rglob("*.py")
         if str(path.relative_to(root)) not in OPERATOR_ONLY
-        for n, line in enumerate(path.read_text().splitlines(), 1)
-        if _NEW_KEY_ADVICE.search(line)
-        and not line.lstrip().startswith("#")
-        and not any(
-            str(path.relative_to(root)) == module and text in line
+        for n in advice_lines(path.read_text())
+        if not any(
+            str(path.relative_to(root)) == module
+            and text in path.read_text().splitlines()[n - 1]
             for module, text in FORK_DESCRIPTIONS
         )
     ]
