@@ -271,8 +271,8 @@ class EffectIntentAdmin(ReadOnlyAdmin):
         _report_refusals(self, request, refused)
         return None
 
-    def resolve_view(self, request: HttpRequest, effect_id: Any) -> HttpResponse:
-        """Resolve one effect: success or non-commit with evidence, or failure."""
+    def _operator_target(self, request: HttpRequest, effect_id: Any) -> EffectIntent:
+        """The effect an operator page acts on, once the user may resolve effects."""
         if not self.has_resolve_permission(request):
             raise PermissionDenied
         intent = (
@@ -280,6 +280,11 @@ class EffectIntentAdmin(ReadOnlyAdmin):
         )
         if intent is None:
             raise Http404("no such effect")
+        return intent
+
+    def resolve_view(self, request: HttpRequest, effect_id: Any) -> HttpResponse:
+        """Resolve one effect: success or non-commit with evidence, or failure."""
+        intent = self._operator_target(request, effect_id)
         form = ResolveForm(request.POST if request.method == "POST" else None)
         if form.is_valid():
             data = form.cleaned_data
@@ -316,13 +321,7 @@ class EffectIntentAdmin(ReadOnlyAdmin):
 
     def fork_view(self, request: HttpRequest, effect_id: Any) -> HttpResponse:
         """Fork one effect: settle it and reserve a new effect under a new key."""
-        if not self.has_resolve_permission(request):
-            raise PermissionDenied
-        intent = (
-            EffectIntent.objects.select_related("tenant").filter(pk=effect_id).first()
-        )
-        if intent is None:
-            raise Http404("no such effect")
+        intent = self._operator_target(request, effect_id)
         form = ForkForm(request.POST if request.method == "POST" else None)
         if form.is_valid():
             data = form.cleaned_data
