@@ -107,6 +107,48 @@ class InvalidRequest(BrokerError):
     mirrors = domain.InvalidRequestError
 
 
+class UnstorableText(BrokerError):
+    """A text value holds NUL or a lone surrogate; ``field`` names where."""
+
+    mirrors = domain.UnstorableTextError
+
+
+class UnknownField(BrokerError):
+    """The body has a field the operation does not accept."""
+
+    mirrors = domain.UnknownFieldError
+
+
+class PayloadTooLarge(BrokerError):
+    """The request body is larger than the broker accepts."""
+
+    mirrors = domain.PayloadTooLargeError
+
+
+class UnsupportedMediaType(BrokerError):
+    """The body was not sent as ``application/json``."""
+
+    mirrors = domain.UnsupportedMediaTypeError
+
+
+class RouteNotFound(BrokerError):
+    """No such route on the broker (a wrong base URL or API version)."""
+
+    mirrors = domain.RouteNotFoundError
+
+
+class MethodNotAllowed(BrokerError):
+    """The route does not accept this method."""
+
+    mirrors = domain.MethodNotAllowedError
+
+
+class DisallowedHost(BrokerError):
+    """The broker does not serve the host this request named."""
+
+    mirrors = domain.DisallowedHostError
+
+
 class PayloadConflict(BrokerError):
     """This operation key is an existing effect reserved with other arguments.
 

@@ -79,6 +79,67 @@ class InvalidRequestError(EffectBrokerError):
     http_status = 400
 
 
+class UnstorableTextError(EffectBrokerError):
+    """A text value holds a character PostgreSQL cannot store (NUL, a lone surrogate).
+
+    Refused before any statement runs (issue 12: these were 500s). ``field`` names
+    where: a body path such as ``arguments`` or ``trace_id``, ``query.tool``, or
+    ``path``.
+    """
+
+    code = "unstorable_text"
+    http_status = 422
+
+
+class UnknownFieldError(EffectBrokerError):
+    """The request body has a field this operation does not accept.
+
+    Unknown fields are refused rather than ignored, so a caller who believes it set
+    one (``tenant_id``, a misspelt ``requested_by``) learns that it did not.
+    """
+
+    code = "unknown_field"
+    http_status = 422
+
+
+class PayloadTooLargeError(EffectBrokerError):
+    """The request body is larger than this broker accepts.
+
+    Refused before the body is read past the limit, authenticated or not.
+    """
+
+    code = "payload_too_large"
+    http_status = 413
+
+
+class UnsupportedMediaTypeError(EffectBrokerError):
+    """The request body must be sent as ``Content-Type: application/json``."""
+
+    code = "unsupported_media_type"
+    http_status = 415
+
+
+class RouteNotFoundError(EffectBrokerError):
+    """No such route."""
+
+    code = "route_not_found"
+    http_status = 404
+
+
+class MethodNotAllowedError(EffectBrokerError):
+    """This route does not accept this method; ``Allow`` lists the ones it does."""
+
+    code = "method_not_allowed"
+    http_status = 405
+
+
+class DisallowedHostError(EffectBrokerError):
+    """The Host header names a host this broker does not serve (``ALLOWED_HOSTS``)."""
+
+    code = "disallowed_host"
+    http_status = 400
+
+
 class PayloadConflictError(EffectBrokerError):
     """This operation_key was already used with a different payload or contract."""
 
