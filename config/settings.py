@@ -67,6 +67,10 @@ INSTALLED_APPS = [
 # straight on, which under ASGI saves two thread hops each (issue 13: /healthz cost
 # 3.3-5.3 ms of CPU). Being subclasses, they satisfy the admin's system checks.
 MIDDLEWARE = [
+    # Outermost: a bad Host or text PostgreSQL refuses in the path or query string is
+    # refused here, and every error off the admin leaves as problem+json, never a
+    # debug page, whatever DEBUG says (issue 12).
+    "effect_broker.api.boundary.http_boundary",
     "django.middleware.security.SecurityMiddleware",
     "effect_broker.api.admin_middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -107,6 +111,19 @@ DATABASES = {
 EFFECT_BROKER_API_ADMISSION = capacity.admission(
     EFFECT_BROKER_PROCESS_ROLE, DATABASES["default"]
 )
+
+#: Largest request body accepted, in bytes (effect_broker.api.body_limit refuses a
+#: larger one with 413 before reading it; issue 12). Django's own limit is the same
+#: figure, so a body that reaches Django some other way (WSGI) is refused alike.
+_max_body = os.environ.get("EFFECT_BROKER_MAX_BODY_BYTES", "").strip()
+if _max_body and not (_max_body.isdigit() and int(_max_body) > 0):
+    from effect_broker.domain.errors import ConfigurationError
+
+    raise ConfigurationError(
+        f"EFFECT_BROKER_MAX_BODY_BYTES must be a positive integer, got {_max_body!r}"
+    )
+EFFECT_BROKER_MAX_BODY_BYTES = int(_max_body) if _max_body else 256 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = EFFECT_BROKER_MAX_BODY_BYTES
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"

@@ -11,11 +11,17 @@ from datetime import datetime
 from typing import Any, cast
 
 from django.http import HttpRequest
-from ninja import Query, Router, Schema, Status
+from ninja import Field, Query, Router, Schema, Status
 from ninja.security import HttpBearer
+from pydantic import ConfigDict
 
 from effect_broker.api.schemas import EffectOut, effect_out
-from effect_broker.domain.records import EffectRequest
+from effect_broker.domain.keys import MAX_OPERATION_KEY_LENGTH
+from effect_broker.domain.records import (
+    MAX_REQUESTED_BY_LENGTH,
+    MAX_TRACE_ID_LENGTH,
+    EffectRequest,
+)
 from effect_broker.domain.states import EffectStatus
 from effect_broker.models import Tenant
 from effect_broker.services import inspection, resolution
@@ -40,13 +46,16 @@ def _tenant(request: HttpRequest) -> Tenant:
 
 
 class SubmitIn(Schema):
-    """POST /v1/effects body."""
+    """POST /v1/effects body. Unknown fields are refused (422 ``unknown_field``): the
+    tenant comes from the key, so a ``tenant_id`` here is a caller's mistake."""
 
-    operation_key: str
+    model_config = ConfigDict(extra="forbid")
+
+    operation_key: str = Field(min_length=1, max_length=MAX_OPERATION_KEY_LENGTH)
     tool: str
     arguments: dict[str, Any]
-    trace_id: str | None = None
-    requested_by: str = ""
+    trace_id: str | None = Field(default=None, max_length=MAX_TRACE_ID_LENGTH)
+    requested_by: str = Field(default="", max_length=MAX_REQUESTED_BY_LENGTH)
 
 
 class ListFilters(Schema):

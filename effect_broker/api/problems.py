@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError as DjangoDatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.utils.deprecation import MiddlewareMixin
@@ -23,24 +25,54 @@ from effect_broker.domain.errors import (
     EffectBrokerError,
     InvalidJsonError,
     OverloadedError,
+    PayloadTooLargeError,
+    UnknownFieldError,
+    UnsupportedMediaTypeError,
 )
+from effect_broker.domain.storable_text import require_storable
 
 logger = logging.getLogger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
-MAX_BODY_BYTES = 256 * 1024
 _PROBLEM_MEMBERS = frozenset({"type", "title", "status", "code", "detail"})
+#: RFC 6750: a 401 names the scheme the caller should use.
+WWW_AUTHENTICATE = "Bearer"
+
+
+def max_body_bytes() -> int:
+    """The body-size limit (``EFFECT_BROKER_MAX_BODY_BYTES``), enforced before the
+    body is read by ``effect_broker.api.body_limit`` and again here."""
+    return int(settings.EFFECT_BROKER_MAX_BODY_BYTES)
+
+
+def is_json_media_type(content_type: str) -> bool:
+    """``application/json`` or a ``+json`` type (parameters already stripped)."""
+    kind = content_type.strip().lower()
+    return kind == "application/json" or (
+        kind.startswith("application/") and kind.endswith("+json")
+    )
 
 
 class StrictJsonParser(Parser):
-    """Parse bodies with the domain's strict JSON rules (no duplicate keys, no NaN)."""
+    """Parse bodies with the domain's strict JSON rules (no duplicate keys, no NaN,
+    no underflow), as JSON only, and with text PostgreSQL can store."""
 
     def parse_body(self, request: HttpRequest) -> dict[str, Any]:
-        if len(request.body) > MAX_BODY_BYTES:
-            raise InvalidJsonError(f"request body exceeds {MAX_BODY_BYTES} bytes")
+        # Issue 12: a missing or wrong Content-Type was parsed as JSON anyway.
+        if not is_json_media_type(request.content_type or ""):
+            raise UnsupportedMediaTypeError(
+                f"the body must be sent as application/json, not "
+                f"{request.content_type or 'no Content-Type'}"
+            )
+        limit = max_body_bytes()
+        if len(request.body) > limit:
+            raise PayloadTooLargeError(f"request body exceeds {limit} bytes", limit=limit)
         value = parse_json_strict(request.body)
         if not isinstance(value, dict):
             raise InvalidJsonError("request body must be a JSON object")
+        # The one place a body's text is checked against what PostgreSQL refuses, for
+        # every field of every operation (issue 12: NUL in any of them was a 500).
+        require_storable(value)
         return value
 
 
@@ -58,12 +90,15 @@ def problem_body(status: int, code: str, detail: str, **extra: object) -> bytes:
 
 
 def problem(status: int, code: str, detail: str, **extra: object) -> HttpResponse:
-    """Build an RFC 9457 problem response."""
-    return HttpResponse(
+    """Build an RFC 9457 problem response (a 401 with ``WWW-Authenticate``)."""
+    response = HttpResponse(
         problem_body(status, code, detail, **extra),
         status=status,
         content_type=PROBLEM_JSON,
     )
+    if status == 401:
+        response["WWW-Authenticate"] = WWW_AUTHENTICATE
+    return response
 
 
 # --- capacity: one 503 for every way the process can be full ---------------------------
@@ -123,12 +158,34 @@ def domain_error(request: HttpRequest, exc: EffectBrokerError) -> HttpResponse:
     return problem(exc.http_status, exc.code, str(exc), **safe)
 
 
+def _field(error: dict[str, Any]) -> str:
+    # ninja's loc starts with where the value came from and, for a body, the name
+    # of the body parameter: ("body", "body", "trace_id") is the field "trace_id".
+    loc = [str(p) for p in error.get("loc", ())]
+    if loc[:1] == ["body"]:
+        loc = loc[2:]
+    elif loc[:1] in (["query"], ["path"]):
+        loc = [f"{loc[0]}.{loc[1]}", *loc[2:]] if len(loc) > 1 else loc
+    return ".".join(loc)
+
+
 def _validation_error(request: HttpRequest, exc: NinjaValidationError) -> HttpResponse:
-    fields = [".".join(str(p) for p in e.get("loc", ())) for e in exc.errors]
+    errors = list(exc.errors)
+    unknown = [_field(e) for e in errors if e.get("type") == "extra_forbidden"]
+    if unknown:
+        # Issue 12: unknown fields (tenant_id among them) were silently ignored.
+        return problem(
+            UnknownFieldError.http_status,
+            UnknownFieldError.code,
+            f"unknown field(s): {', '.join(unknown)}",
+            field=unknown[0],
+        )
+    fields = [_field(e) for e in errors]
     detail = "; ".join(
-        f"{f}: {e.get('msg', 'invalid')}" for f, e in zip(fields, exc.errors, strict=True)
+        f"{f}: {e.get('msg', 'invalid')}" for f, e in zip(fields, errors, strict=True)
     )
-    return problem(422, "invalid_request", detail or "invalid request")
+    extra = {"field": fields[0]} if fields else {}
+    return problem(422, "invalid_request", detail or "invalid request", **extra)
 
 
 def _auth_error(request: HttpRequest, exc: NinjaAuthenticationError) -> HttpResponse:
@@ -167,6 +224,12 @@ def _refused_for_capacity(request: HttpRequest, exc: Exception) -> HttpResponse 
     return overloaded(reason)
 
 
+def _too_large(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    # Django's own limit (DATA_UPLOAD_MAX_MEMORY_SIZE, set to the same figure) when a
+    # body reaches Django at all, e.g. under WSGI: 413, not the 500 of issue 12.
+    return domain_error(request, PayloadTooLargeError(limit=max_body_bytes()))
+
+
 def _database_error(request: HttpRequest, exc: DjangoDatabaseError) -> HttpResponse:
     return _refused_for_capacity(request, exc) or _unexpected(request, exc)
 
@@ -182,5 +245,6 @@ def install_handlers(api: NinjaAPI) -> None:
     api.exception_handler(NinjaValidationError)(_validation_error)
     api.exception_handler(NinjaAuthenticationError)(_auth_error)
     api.exception_handler(HttpError)(_http_error)
+    api.exception_handler(RequestDataTooBig)(_too_large)
     api.exception_handler(DjangoDatabaseError)(_database_error)
     api.exception_handler(Exception)(_unexpected)

@@ -218,6 +218,12 @@ def _parse_float(text: str) -> float:
     if math.isinf(number):
         # "1e400" parses to inf: it is out of range, not an Infinity literal.
         raise _out_of_range(None)
+    mantissa = text.lower().partition("e")[0]
+    if number == 0.0 and any(d in "123456789" for d in mantissa):
+        # "1e-400" parses to 0.0: a non-zero amount silently became zero (issue 12).
+        raise NumberOutOfRangeError(
+            "a non-zero number is too small to represent and would become 0"
+        )
     return number
 
 

@@ -15,6 +15,12 @@ from effect_broker.domain.states import EffectStatus, SafetyClass
 
 JsonObject = Mapping[str, object]
 
+MAX_REQUESTED_BY_LENGTH = 200
+"""Longest ``requested_by`` accepted, in characters (issue 12: 200 KB was taken)."""
+
+MAX_TRACE_ID_LENGTH = 200
+"""Longest ``trace_id`` accepted, in characters (a W3C trace id is 32)."""
+
 
 @dataclass(frozen=True, slots=True)
 class EffectRequest:

@@ -27,7 +27,13 @@ from effect_broker.domain.keys import (
     validate_operation_key,
 )
 from effect_broker.domain.payload_crypto import encrypt, redacted_preview
-from effect_broker.domain.records import EffectRecord, EffectRequest, Reservation
+from effect_broker.domain.records import (
+    MAX_REQUESTED_BY_LENGTH,
+    MAX_TRACE_ID_LENGTH,
+    EffectRecord,
+    EffectRequest,
+    Reservation,
+)
 from effect_broker.models import Tenant
 from effect_broker.services.runtime import Runtime, get_runtime
 
@@ -70,6 +76,13 @@ def _request_hash(
     )
 
 
+def _require_length(field: str, value: str, cap: int) -> None:
+    if len(value) > cap:
+        raise InvalidRequestError(
+            f"{field} must be at most {cap} characters, got {len(value)}", field=field
+        )
+
+
 def submit(
     tenant: Tenant,
     request: EffectRequest,
@@ -81,6 +94,8 @@ def submit(
     if tenant.disabled:
         raise TenantDisabledError(f"tenant {tenant.name!r} is disabled")
     operation_key = validate_operation_key(request.operation_key)
+    _require_length("requested_by", request.requested_by, MAX_REQUESTED_BY_LENGTH)
+    _require_length("trace_id", request.trace_id or "", MAX_TRACE_ID_LENGTH)
     if not isinstance(request.arguments, Mapping):
         raise InvalidRequestError("arguments must be a JSON object")
     contract = rt.registry.for_tool(request.tool)

@@ -207,21 +207,24 @@ def test_success_evidence_without_a_reference_is_a_400_naming_it(
 
 
 @pytest.mark.parametrize(
-    "body",
+    ("body", "code"),
     [
-        resolve_body("retry_anyway", evidence=PROOF),
-        resolve_body("failed", operator="mallory"),
-        {"resolution": "succeeded", "evidence": PROOF},
+        (resolve_body("retry_anyway", evidence=PROOF), "invalid_request"),
+        # issue 12: an unknown field has its own code
+        (resolve_body("failed", operator="mallory"), "unknown_field"),
+        ({"resolution": "succeeded", "evidence": PROOF}, "invalid_request"),
     ],
     ids=["no-retry-anyway", "operator-in-body", "missing-reason"],
 )
-def test_malformed_resolutions_are_422(client, bench, caller, op_token, body) -> None:
+def test_malformed_resolutions_are_422(
+    client, bench, caller, op_token, body, code
+) -> None:
     # The operator is the token's user: a body naming one is refused, not obeyed
     tenant, _ = caller
     record = effect(bench, tenant, SafetyClass.UNSAFE, Fault.LOSE_RESPONSE)
     before = state(record)
     path = f"/v1/effects/{record.effect_id}/resolve"
-    assert_problem(call(client, "post", op_token, path, body), 422, "invalid_request")
+    assert_problem(call(client, "post", op_token, path, body), 422, code)
     assert state(record) == before
 
 

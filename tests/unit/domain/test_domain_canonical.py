@@ -324,6 +324,17 @@ def test_given_big_number_then_parse_refuses_with_number_out_of_range(text: str)
         parse_json_strict(text)
 
 
+@pytest.mark.parametrize("text", ["1e-400", "[-2.5E-999]", '{"a": 0.000001e-330}'])
+def test_given_a_nonzero_number_that_underflows_then_parse_refuses(text: str) -> None:
+    # Issue 12: 1e-400 silently became 0.
+    with pytest.raises(NumberOutOfRangeError, match="would become 0"):
+        parse_json_strict(text)
+
+
+def test_given_zero_spelt_as_a_float_then_parse_accepts() -> None:
+    assert parse_json_strict("[0.0, -0e-400, 0E5, 5e-324]") == [0.0, 0.0, 0.0, 5e-324]
+
+
 def test_given_safe_bounds_then_parse_accepts() -> None:
     assert parse_json_strict("[9007199254740991, -9007199254740991, 1e15]") == [
         MAX_SAFE_INTEGER,
