@@ -1,8 +1,9 @@
 """ASGI entry point (uvicorn config.asgi:application): the API process.
 
 It declares its role before settings load, so it gets the API's connection pool and
-never persistent connections (config/capacity.py), and it admits a bounded number of
-requests at a time (effect_broker.api.admission).
+never persistent connections (config/capacity.py), it refuses a body over the size
+limit before reading it (effect_broker.api.body_limit), and it admits a bounded number
+of requests at a time (effect_broker.api.admission).
 """
 
 import os
@@ -21,6 +22,7 @@ from django.db.backends.postgresql.base import (  # noqa: E402
 )
 
 from effect_broker.api.admission import InFlightLimit  # noqa: E402
+from effect_broker.api.body_limit import BodySizeLimit  # noqa: E402
 
 
 def _close_pools() -> None:
@@ -35,10 +37,14 @@ def _close_pools() -> None:
 
 
 limits = settings.EFFECT_BROKER_API_ADMISSION
-application = InFlightLimit(
-    django_application,
-    max_in_flight=limits.max_in_flight,
-    max_queued=limits.max_queued,
-    queue_timeout=limits.queue_timeout,
-    on_shutdown=_close_pools,
+# The size limit is outermost: an oversized upload is refused without taking a slot.
+application = BodySizeLimit(
+    InFlightLimit(
+        django_application,
+        max_in_flight=limits.max_in_flight,
+        max_queued=limits.max_queued,
+        queue_timeout=limits.queue_timeout,
+        on_shutdown=_close_pools,
+    ),
+    max_body_bytes=settings.EFFECT_BROKER_MAX_BODY_BYTES,
 )

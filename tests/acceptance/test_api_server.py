@@ -7,13 +7,19 @@ scratch database, driven over real sockets.
 * The in-flight limit and an exhausted pool both answer 503 ``overloaded`` with
   ``Retry-After``, never a 500, and the refused requests did nothing.
 * The admin login works through the same process.
+* A body over the size limit is 413 ``payload_too_large`` before it is read: a
+  declared length at once, a chunked upload after at most about the limit, with no
+  Authorization header (issue 12: 300 MiB were read to disk before the 401).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
+import select
+import socket
 import subprocess
 import sys
 import threading
@@ -143,8 +149,6 @@ class socket_port:
     """A free TCP port (closed again before uvicorn binds it)."""
 
     def __enter__(self) -> int:
-        import socket
-
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             return int(sock.getsockname()[1])
@@ -262,6 +266,110 @@ def test_admin_login_works_on_the_real_server(pooled: Server) -> None:
         # The API on the same process sets no session or CSRF cookie.
         health = client.get("/healthz")
         assert "set-cookie" not in health.headers
+
+
+MAX_BODY = 256 * 1024  # the default EFFECT_BROKER_MAX_BODY_BYTES
+UPLOAD = 300 << 20  # what the caller tries to send: 300 MiB
+
+
+def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 response with a Content-Length, read off ``sock``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before a response: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {
+        k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines)
+    }
+    while len(body) < int(headers["content-length"]):
+        chunk = sock.recv(65536)
+        assert chunk
+        body += chunk
+    return int(status_line.split()[1]), headers, body
+
+
+def _request_head(url: str, **headers: str) -> bytes:
+    host = url.removeprefix("http://")
+    lines = [
+        "POST /v1/effects HTTP/1.1",
+        f"Host: {host}",
+        "Content-Type: application/json",
+        *(f"{k.replace('_', '-')}: {v}" for k, v in headers.items()),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def test_a_chunked_unauthenticated_upload_over_the_limit_is_413_before_it_is_read(
+    pooled: Server,
+) -> None:
+    # Given a client streaming 300 MiB, chunked, with no Authorization header
+    chunk = b"x" * 65536
+    frame = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+    sent = 0
+    started = time.monotonic()
+    with _connect(pooled.url) as sock:
+        sock.sendall(_request_head(pooled.url, Transfer_Encoding="chunked"))
+        # When it sends until the server answers (or stops reading)
+        while sent < UPLOAD:
+            readable, _, _ = select.select([sock], [], [], 0.01)
+            if readable:
+                break
+            try:
+                sock.sendall(frame)
+            except OSError:  # the server closed the connection: read its answer
+                break
+            sent += len(chunk)
+        status, headers, body = _read_response(sock)
+    elapsed = time.monotonic() - started
+    # Then it is 413 problem+json, not a 401 after reading it all
+    assert status == 413, body[:500]
+    assert headers["content-type"] == "application/problem+json"
+    assert json.loads(body)["code"] == "payload_too_large"
+    # and the server stopped it near the limit: what was sent before the answer is
+    # the limit plus what the socket buffers hold, far from the 300 MiB
+    assert sent < 16 << 20, sent
+    assert elapsed < 30
+
+
+def test_a_declared_length_over_the_limit_is_413_without_waiting_for_the_body(
+    pooled: Server,
+) -> None:
+    with _connect(pooled.url) as sock:
+        # Only the head is sent: an answer proves the body was never awaited.
+        sock.sendall(_request_head(pooled.url, Content_Length=str(UPLOAD)))
+        status, headers, body = _read_response(sock)
+    assert status == 413, body[:500]
+    assert headers["connection"] == "close"
+    assert json.loads(body) == {
+        "type": "https://effect-broker.invalid/problems/payload_too_large",
+        "title": "payload too large",
+        "status": 413,
+        "code": "payload_too_large",
+        "detail": f"request body exceeds {MAX_BODY} bytes",
+        "limit": MAX_BODY,
+    }
+
+
+def test_a_body_within_the_limit_still_reaches_the_api(
+    scratch: Scratch, pooled: Server
+) -> None:
+    body = submit_body(f"acc:limit:{uuid.uuid4().hex[:6]}")
+    body["arguments"] = {**TOOL_ARGS, "pad": "x" * (MAX_BODY - 1000)}
+    response = httpx.post(
+        f"{pooled.url}/v1/effects",
+        json=body,
+        headers={"Authorization": f"Bearer {scratch.api_key}"},
+        timeout=30,
+    )
+    assert response.status_code == 202, response.text[:500]
 
 
 def test_limit_and_pool_exhaustion_are_503_overloaded_never_500(
