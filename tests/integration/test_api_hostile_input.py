@@ -17,8 +17,9 @@ import json
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
-from django.test import Client, override_settings
+from django.test import AsyncClient, Client, override_settings
 
 from effect_broker.adapters.simulated_adapter import Fault
 from effect_broker.domain.states import SafetyClass
@@ -323,3 +324,22 @@ def test_with_debug_on_errors_are_still_problems_never_debug_pages(
     problem = assert_problem(failed, 500, "internal_error")
     assert b"secret detail" not in failed.content
     assert problem["detail"] == "internal error; see server logs"
+
+
+@override_settings(DEBUG=True)
+def test_under_asgi_the_boundary_runs_async_with_the_same_answers() -> None:
+    # AsyncClient goes through Django's ASGI handler: the middleware's async branch.
+    # No route here reaches the database.
+    client = AsyncClient(raise_request_exception=False)
+
+    async def get(path: str, **headers: str) -> Any:
+        return await client.get(path, headers=headers)
+
+    assert_problem(async_to_sync(get)("/v1/nope"), 404, "route_not_found")
+    bad_host = async_to_sync(get)("/healthz", host="evil.example")
+    assert_problem(bad_host, 400, "disallowed_host")
+    nul = async_to_sync(get)("/v1/effects?tool=a%00")
+    assert assert_problem(nul, 422, "unstorable_text")["field"] == "query.tool"
+    response = async_to_sync(client.delete)("/healthz")
+    assert_problem(response, 405, "method_not_allowed")
+    assert response["Allow"] == "GET"
