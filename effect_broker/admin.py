@@ -27,9 +27,11 @@ from effect_broker.domain.errors import (
     EffectBrokerError,
     InvalidJsonError,
     OperatorForbiddenError,
+    UnstorableTextError,
 )
 from effect_broker.domain.evidence import EVIDENCE_SHAPES
 from effect_broker.domain.states import EffectStatus, SafetyClass
+from effect_broker.domain.storable_text import require_storable
 from effect_broker.models import (
     EffectAttempt,
     EffectEvent,
@@ -129,6 +131,12 @@ def _json_object(raw: str) -> dict[str, Any]:
         raise forms.ValidationError(str(exc)) from exc
     if not isinstance(value, dict):
         raise forms.ValidationError("evidence must be a JSON object")
+    try:
+        # A JSON escape (\u0000) gets past the form's NUL check on the raw text
+        # (issue 12: a NUL in an evidence key was a 500).
+        require_storable(value, "evidence")
+    except UnstorableTextError as exc:
+        raise forms.ValidationError(str(exc)) from exc
     return value
 
 

@@ -20,6 +20,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
 from django.test import AsyncClient, Client, override_settings
+from django.urls import reverse
 
 from effect_broker.adapters.simulated_adapter import Fault
 from effect_broker.domain.states import SafetyClass
@@ -343,3 +344,28 @@ def test_under_asgi_the_boundary_runs_async_with_the_same_answers() -> None:
     response = async_to_sync(client.delete)("/healthz")
     assert_problem(response, 405, "method_not_allowed")
     assert response["Allow"] == "GET"
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        {"evidence": '{"source": "dashboard", "reference": "ch\\u0000"}'},
+        {"evidence": '{"source": "dashboard", "reference": "ch_9", "n\\u0000": 1}'},
+        {"reason": "seen\x00", "evidence": '{"source": "d", "reference": "ch_9"}'},
+        {"external_id": "ch\x00", "evidence": '{"source": "d", "reference": "ch_9"}'},
+    ],
+    ids=["evidence-value", "evidence-key", "reason", "external_id"],
+)
+def test_nul_in_the_admin_resolve_form_is_a_form_error_and_the_effect_is_unchanged(
+    admin_client: Client, bench: Bench, form: dict[str, str]
+) -> None:
+    record = effect(bench, bench.tenant, SafetyClass.UNSAFE, Fault.LOSE_RESPONSE)
+    before, events = state(record), EffectEvent.objects.count()
+    url = reverse("admin:effect_broker_effectintent_resolve", args=[record.effect_id])
+    response = admin_client.post(
+        url, {"resolution": "succeeded", "reason": "seen", **form}
+    )
+    assert response.status_code == 200, response.content[:300]
+    assert "errorlist" in response.content.decode()
+    assert state(record) == before
+    assert EffectEvent.objects.count() == events
