@@ -124,6 +124,18 @@ if _max_body and not (_max_body.isdigit() and int(_max_body) > 0):
     )
 EFFECT_BROKER_MAX_BODY_BYTES = int(_max_body) if _max_body else 256 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = EFFECT_BROKER_MAX_BODY_BYTES
+#: Who may read /docs and /openapi.json: public | staff | off (effect_broker.api.
+#: docs_access). Off in production unless asked for (issue 12: they were public).
+EFFECT_BROKER_API_DOCS = os.environ.get("EFFECT_BROKER_API_DOCS", "").strip().lower() or (
+    "off" if PRODUCTION else "public"
+)
+if EFFECT_BROKER_API_DOCS not in ("public", "staff", "off"):
+    from effect_broker.domain.errors import ConfigurationError
+
+    raise ConfigurationError(
+        "EFFECT_BROKER_API_DOCS must be public, staff or off, "
+        f"got {EFFECT_BROKER_API_DOCS!r}"
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from ninja import NinjaAPI
 
 from effect_broker.api import effects, health, operators
+from effect_broker.api.docs_access import docs_access
 from effect_broker.api.problems import StrictJsonParser, install_handlers, problem
 
 api = NinjaAPI(
@@ -24,6 +25,7 @@ api = NinjaAPI(
     ),
     parser=StrictJsonParser(),
     urls_namespace="effect_broker_api",
+    docs_decorator=docs_access,
 )
 install_handlers(api)
 api.add_router("", effects.router)

@@ -13,7 +13,12 @@ tests/acceptance/test_api_server.py.
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -369,3 +374,49 @@ def test_nul_in_the_admin_resolve_form_is_a_form_error_and_the_effect_is_unchang
     assert "errorlist" in response.content.decode()
     assert state(record) == before
     assert EffectEvent.objects.count() == events
+
+
+# --- /docs and /openapi.json ----------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/openapi.json", "/docs"])
+def test_api_docs_follow_the_access_setting(
+    client: Client, admin_client: Client, path: str
+) -> None:
+    with override_settings(EFFECT_BROKER_API_DOCS="public"):
+        assert client.get(path).status_code == 200
+    with override_settings(EFFECT_BROKER_API_DOCS="staff"):
+        anonymous = client.get(path)
+        assert anonymous.status_code == 302
+        assert anonymous["Location"].startswith("/admin/login/")
+        assert admin_client.get(path).status_code == 200
+    with override_settings(EFFECT_BROKER_API_DOCS="off"):
+        assert_problem(client.get(path), 404, "route_not_found")
+        assert_problem(admin_client.get(path), 404, "route_not_found")
+
+
+def test_api_docs_are_off_by_default_in_production_only() -> None:
+    script = "from django.conf import settings; print(settings.EFFECT_BROKER_API_DOCS)"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_BROKER")}
+    base = {**base, "DJANGO_SETTINGS_MODULE": "config.settings", "DEBUG": "0"}
+    production = {
+        **base,
+        "EFFECT_BROKER_ENV": "production",
+        "DATABASE_URL": "postgres://u:p@127.0.0.1:1/x",
+        "SECRET_KEY": "k" * 60,
+        "EFFECT_BROKER_MASTER_KEY": base64.b64encode(b"m" * 32).decode(),
+        "ALLOWED_HOSTS": "broker.example",
+    }
+    for env, expected in ((base, "public"), (production, "off")):
+        done = subprocess.run(
+            [sys.executable, "-c", f"import django; django.setup(); {script}"],
+            env=env,
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip().splitlines()[-1] == expected
