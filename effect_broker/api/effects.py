@@ -15,7 +15,7 @@ from ninja import Field, Query, Router, Schema, Status
 from ninja.security import HttpBearer
 from pydantic import ConfigDict
 
-from effect_broker.api.schemas import EffectOut, effect_out
+from effect_broker.api.schemas import EffectOut, effect_out, with_problems
 from effect_broker.domain.keys import MAX_OPERATION_KEY_LENGTH
 from effect_broker.domain.records import (
     MAX_REQUESTED_BY_LENGTH,
@@ -116,7 +116,7 @@ class ReceiptOut(Schema):
 
 @router.post(
     "/v1/effects",
-    response={200: EffectOut, 202: EffectOut},
+    response=with_problems({200: EffectOut, 202: EffectOut}, 403, 409, 415),
     summary="Reserve an effect (202 new, 200 replay, 409 payload drift)",
 )
 def submit_effect(request: HttpRequest, body: SubmitIn) -> Status[dict[str, Any]]:
@@ -139,13 +139,13 @@ def submit_effect(request: HttpRequest, body: SubmitIn) -> Status[dict[str, Any]
     )
 
 
-@router.get("/v1/effects/{effect_id}", response=EffectOut)
+@router.get("/v1/effects/{effect_id}", response=with_problems({200: EffectOut}, 404))
 def get_effect(request: HttpRequest, effect_id: str) -> dict[str, Any]:
     record = inspection.get_effect(_tenant(request), effect_id)
     return effect_out(record, links=inspection.fork_links(record))
 
 
-@router.get("/v1/effects", response=list[EffectOut])
+@router.get("/v1/effects", response=with_problems({200: list[EffectOut]}))
 def list_effects(
     request: HttpRequest, filters: Query[ListFilters]
 ) -> list[dict[str, Any]]:
@@ -161,7 +161,7 @@ def list_effects(
 
 @router.get(
     "/v1/effects/{effect_id}/history",
-    response=HistoryOut,
+    response=with_problems({200: HistoryOut}, 404),
     summary="Fold the verified event chain; inspect state at an optional event sequence",
 )
 def effect_history(
@@ -195,7 +195,7 @@ def effect_history(
 
 @router.get(
     "/v1/effects/{effect_id}/receipt",
-    response=ReceiptOut,
+    response=with_problems({200: ReceiptOut}, 404),
     summary="Return the immutable terminal receipt (404 while there is none)",
 )
 def effect_receipt(request: HttpRequest, effect_id: str) -> dict[str, Any]:
@@ -216,7 +216,7 @@ def effect_receipt(request: HttpRequest, effect_id: str) -> dict[str, Any]:
 
 @router.post(
     "/v1/effects/{effect_id}/reconcile",
-    response={200: ReconcileOut, 202: ReconcileOut},
+    response=with_problems({200: ReconcileOut, 202: ReconcileOut}, 404, 409),
     summary="Request reconciliation (202 deferred, 200 nothing to do); never forces an "
     "unsafe retry (409)",
 )

@@ -8,16 +8,25 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
 from effect_broker.api.problems import problem
+from effect_broker.api.schemas import with_problems
 
 router = Router(tags=["health"])
 
 
-@router.get("/healthz", summary="Liveness")
+@router.get(
+    "/healthz",
+    response=with_problems({200: dict[str, str]}, authenticated=False),
+    summary="Liveness",
+)
 def healthz(request: HttpRequest) -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: Postgres answers and migrations are applied")
+@router.get(
+    "/readyz",
+    response=with_problems({200: dict[str, str]}, authenticated=False),
+    summary="Readiness: Postgres answers and migrations are applied",
+)
 def readyz(request: HttpRequest) -> HttpResponse | dict[str, str]:
     try:
         executor = MigrationExecutor(connection)

@@ -18,7 +18,7 @@ from ninja import Field, Router, Schema, Status
 from ninja.security import HttpBearer
 from pydantic import ConfigDict
 
-from effect_broker.api.schemas import EffectOut, effect_out
+from effect_broker.api.schemas import EffectOut, effect_out, with_problems
 from effect_broker.services import forking, inspection, operators, resolution
 from effect_broker.services.resolution import Resolution
 
@@ -69,7 +69,7 @@ class ForkOut(Schema):
 
 @router.post(
     "/v1/effects/{effect_id}/resolve",
-    response=EffectOut,
+    response=with_problems({200: EffectOut}, 403, 404, 409, 415),
     summary="Operator resolution: proof of success, proof of non-commit (requeue where "
     "the contract and safety class permit), or final failure",
 )
@@ -90,7 +90,7 @@ def resolve_effect(
 
 @router.post(
     "/v1/effects/{effect_id}/fork",
-    response={201: ForkOut},
+    response=with_problems({201: ForkOut}, 403, 404, 409, 415),
     summary="Fork an unresolved effect into a new effect under a new operation key "
     "(the old one is settled failed_final, event resolved_forked)",
 )

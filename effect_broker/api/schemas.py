@@ -7,9 +7,55 @@ from datetime import datetime
 from typing import Any
 
 from ninja import Schema
+from pydantic import ConfigDict
 
 from effect_broker.domain.records import EffectRecord
 from effect_broker.services.inspection import ForkLinks
+
+
+class ProblemOut(Schema):
+    """An RFC 9457 problem (``application/problem+json``): how every error is answered.
+
+    ``code`` is stable (README "HTTP API" lists them); some problems add members,
+    e.g. ``field`` (which input), ``limit``, ``effect_id``.
+    """
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "type": "https://effect-broker.invalid/problems/unstorable_text",
+                    "title": "unstorable text",
+                    "status": 422,
+                    "code": "unstorable_text",
+                    "detail": "trace_id contains NUL (U+0000), which cannot be stored",
+                    "field": "trace_id",
+                }
+            ]
+        },
+    )
+
+    type: str
+    title: str
+    status: int
+    code: str
+    detail: str
+
+
+#: Statuses any request can be answered with before its operation runs: a bad Host
+#: (400), a body over the limit (413), text PostgreSQL refuses in the path or query
+#: (422), no capacity (503).
+_ANY_REQUEST = (400, 413, 422, 503)
+
+
+def with_problems(
+    success: dict[int, Any], *statuses: int, authenticated: bool = True
+) -> dict[int, Any]:
+    """An operation's ``response=``: its success schemas and every error status it
+    can answer, each a ``ProblemOut`` (issue 12: undeclared statuses)."""
+    errors = {*_ANY_REQUEST, *statuses, *((401,) if authenticated else ())}
+    return {**success, **{status: ProblemOut for status in sorted(errors)}}
 
 
 class EffectOut(Schema):

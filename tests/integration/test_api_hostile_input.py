@@ -420,3 +420,31 @@ def test_api_docs_are_off_by_default_in_production_only() -> None:
         )
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip().splitlines()[-1] == expected
+
+
+@pytest.mark.django_db
+def test_the_openapi_schema_declares_the_error_statuses_of_every_operation(
+    client: Client,
+) -> None:
+    schema = client.get("/openapi.json").json()
+    declared = {
+        (method.upper(), path): set(op["responses"])
+        for path, ops in schema["paths"].items()
+        for method, op in ops.items()
+    }
+    every = {"400", "413", "422", "503"}
+    assert declared[("POST", "/v1/effects")] == {
+        "200", "202", "401", "403", "409", "415", *every
+    }  # fmt: skip
+    assert declared[("GET", "/v1/effects/{effect_id}")] == {"200", "401", "404", *every}
+    assert declared[("POST", "/v1/effects/{effect_id}/resolve")] == {
+        "200", "401", "403", "404", "409", "415", *every
+    }  # fmt: skip
+    assert declared[("GET", "/healthz")] == {"200", *every}
+    for (method, path), statuses in declared.items():
+        assert every <= statuses, (method, path)
+        if path.startswith("/v1/"):
+            assert "401" in statuses, (method, path)
+    problem = schema["components"]["schemas"]["ProblemOut"]
+    assert set(problem["required"]) == {"type", "title", "status", "code", "detail"}
+    assert problem["examples"][0]["code"] == "unstorable_text"
