@@ -111,19 +111,6 @@ DATABASES = {
 EFFECT_BROKER_API_ADMISSION = capacity.admission(
     EFFECT_BROKER_PROCESS_ROLE, DATABASES["default"]
 )
-
-#: Largest request body accepted, in bytes (effect_broker.api.body_limit refuses a
-#: larger one with 413 before reading it; issue 12). Django's own limit is the same
-#: figure, so a body that reaches Django some other way (WSGI) is refused alike.
-_max_body = os.environ.get("EFFECT_BROKER_MAX_BODY_BYTES", "").strip()
-if _max_body and not (_max_body.isdigit() and int(_max_body) > 0):
-    from effect_broker.domain.errors import ConfigurationError
-
-    raise ConfigurationError(
-        f"EFFECT_BROKER_MAX_BODY_BYTES must be a positive integer, got {_max_body!r}"
-    )
-EFFECT_BROKER_MAX_BODY_BYTES = int(_max_body) if _max_body else 256 * 1024
-DATA_UPLOAD_MAX_MEMORY_SIZE = EFFECT_BROKER_MAX_BODY_BYTES
 #: Who may read /docs and /openapi.json: public | staff | off (effect_broker.api.
 #: docs_access). Off in production unless asked for (issue 12: they were public).
 EFFECT_BROKER_API_DOCS = os.environ.get("EFFECT_BROKER_API_DOCS", "").strip().lower() or (
@@ -136,6 +123,30 @@ if EFFECT_BROKER_API_DOCS not in ("public", "staff", "off"):
         "EFFECT_BROKER_API_DOCS must be public, staff or off, "
         f"got {EFFECT_BROKER_API_DOCS!r}"
     )
+
+
+def _positive_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not (raw.isdigit() and int(raw) > 0):
+        from effect_broker.domain.errors import ConfigurationError
+
+        raise ConfigurationError(f"{name} must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+#: Largest request body accepted, in bytes (effect_broker.api.body_limit refuses a
+#: larger one with 413 before reading it; issue 12). Django's own limit is the same
+#: figure, so a body that reaches Django some other way (WSGI) is refused alike.
+EFFECT_BROKER_MAX_BODY_BYTES = _positive_int("EFFECT_BROKER_MAX_BODY_BYTES", 256 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = EFFECT_BROKER_MAX_BODY_BYTES
+#: Caps on a submit's arguments (effect_broker.domain.argument_limits; issue 12).
+EFFECT_BROKER_ARGUMENT_LIMITS = {
+    "max_keys": _positive_int("EFFECT_BROKER_MAX_ARGUMENT_KEYS", 1000),
+    "max_depth": _positive_int("EFFECT_BROKER_MAX_ARGUMENT_DEPTH", 20),
+    "max_string_length": _positive_int("EFFECT_BROKER_MAX_ARGUMENT_STRING_LENGTH", 65536),
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"

@@ -113,6 +113,12 @@ class UnstorableText(BrokerError):
     mirrors = domain.UnstorableTextError
 
 
+class ArgumentsTooLarge(BrokerError):
+    """The arguments exceed a cap on keys, depth or string length (``cap``)."""
+
+    mirrors = domain.ArgumentsTooLargeError
+
+
 class UnknownField(BrokerError):
     """The body has a field the operation does not accept."""
 

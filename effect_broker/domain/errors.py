@@ -91,6 +91,16 @@ class UnstorableTextError(EffectBrokerError):
     http_status = 422
 
 
+class ArgumentsTooLargeError(EffectBrokerError):
+    """The arguments exceed a cap on keys, nesting depth or string length.
+
+    ``cap`` says which (``keys``, ``depth``, ``string_length``), ``limit`` its value.
+    """
+
+    code = "arguments_too_large"
+    http_status = 422
+
+
 class UnknownFieldError(EffectBrokerError):
     """The request body has a field this operation does not accept.
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
 
+from effect_broker.domain.argument_limits import ArgumentLimits
 from effect_broker.domain.clock import Clock, SystemClock
 from effect_broker.domain.contracts import (
     ContractRegistry,
@@ -80,6 +81,7 @@ class Runtime:
     scheduler: Scheduler
     adapter_for: Callable[[EffectContract], EffectAdapter]
     timing: EngineTiming
+    argument_limits: ArgumentLimits = field(default_factory=ArgumentLimits)
 
     def tenant_hmac_key(self, hmac_key_id: str) -> bytes:
         """Derive a tenant's downstream-key HMAC key from the master key."""
@@ -112,6 +114,7 @@ def _build() -> Runtime:
             reconcile_window=timedelta(seconds=timing["reconcile_window_seconds"]),
             redefer_grace=timedelta(seconds=timing["redefer_grace_seconds"]),
         ),
+        argument_limits=ArgumentLimits(**settings.EFFECT_BROKER_ARGUMENT_LIMITS),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from effect_broker import failpoints, store
+from effect_broker.domain.argument_limits import check_arguments
 from effect_broker.domain.canonical import canonical_json
 from effect_broker.domain.contracts import EffectContract
 from effect_broker.domain.errors import (
@@ -98,6 +99,8 @@ def submit(
     _require_length("trace_id", request.trace_id or "", MAX_TRACE_ID_LENGTH)
     if not isinstance(request.arguments, Mapping):
         raise InvalidRequestError("arguments must be a JSON object")
+    # Before canonicalising, hashing or previewing: the caps bound that work.
+    check_arguments(request.arguments, rt.argument_limits)
     contract = rt.registry.for_tool(request.tool)
     tenant_id = str(tenant.id)
     canonical_args = canonical_json(dict(request.arguments))

@@ -448,3 +448,25 @@ def test_the_openapi_schema_declares_the_error_statuses_of_every_operation(
     problem = schema["components"]["schemas"]["ProblemOut"]
     assert set(problem["required"]) == {"type", "title", "status", "code", "detail"}
     assert problem["examples"][0]["code"] == "unstorable_text"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("arguments", "cap"),
+    [
+        ({f"k{i}": i for i in range(1001)}, "keys"),
+        ({"n": [[[[[[[[[[[[[[[[[[[[["deep"]]]]]]]]]]]]]]]]]]]]]}, "depth"),
+        ({"memo": "m" * 65537}, "string_length"),
+    ],
+    ids=["keys", "depth", "string"],
+)
+def test_arguments_over_a_default_cap_are_422_and_nothing_is_written(
+    client: Client, api_key: str, arguments: dict[str, Any], cap: str
+) -> None:
+    problem = assert_problem(
+        submit(client, api_key, {**BODY, "arguments": arguments}),
+        422,
+        "arguments_too_large",
+    )
+    assert problem["cap"] == cap
+    assert EffectIntent.objects.count() == 0

@@ -42,6 +42,7 @@ EXPECTED = {
     "PayloadConflictError": ("payload_conflict", 409),
     "UnstorableTextError": ("unstorable_text", 422),
     "UnknownFieldError": ("unknown_field", 422),
+    "ArgumentsTooLargeError": ("arguments_too_large", 422),
     "PayloadTooLargeError": ("payload_too_large", 413),
     "UnsupportedMediaTypeError": ("unsupported_media_type", 415),
     "RouteNotFoundError": ("route_not_found", 404),
