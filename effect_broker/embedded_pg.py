@@ -381,6 +381,12 @@ def _start(state: Path, tcp: bool, run_as: _RunAs | None, deadline: float) -> No
         "max_connections": 200,
         "shared_buffers": "128MB",
         "fsync": "on" if fsync else "off",
+        # A failing statement is not logged: Django binds values client-side, so its
+        # text carries them inlined (issue 12: failed ledger writes reached the log
+        # with every value). The error line itself still is.
+        "log_min_error_statement": "panic",
+        "log_parameter_max_length_on_error": 0,
+        "log_parameter_max_length": 0,
     }
     (data / _CONF).write_text("".join(f"{k} = {v}\n" for k, v in settings.items()))
     (data / _CONF).chmod(0o644)  # written by root, read by the server user

@@ -159,6 +159,21 @@ def test_connects_and_uses_the_configured_settings(server: EmbeddedServer) -> No
         assert int(uid_line.split()[1]) == pwd.getpwnam("nobody").pw_uid
 
 
+def test_a_failing_statement_is_not_logged_with_its_values(
+    project: Path, server: EmbeddedServer
+) -> None:
+    # Issue 12: the text of a failed statement, values inlined, reached the log.
+    secret = "sk_live_" + os.urandom(8).hex()
+    with psycopg.connect(server.url(), connect_timeout=5, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute(f"SELECT length('{secret}') / 0")
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT length(%s::text) / 0", (secret,), prepare=True)
+    log = (embedded_pg._state_dir(project) / "postgres.log").read_text()
+    assert "division by zero" in log  # the error itself is logged
+    assert secret not in log
+
+
 def test_connection_settings_match_the_running_server(
     server: EmbeddedServer, project: Path
 ) -> None:
