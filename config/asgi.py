@@ -23,6 +23,7 @@ from django.db.backends.postgresql.base import (  # noqa: E402
 
 from effect_broker.api.admission import InFlightLimit  # noqa: E402
 from effect_broker.api.body_limit import BodySizeLimit  # noqa: E402
+from effect_broker.api.query_credentials import QueryCredentialGuard  # noqa: E402
 
 
 def _close_pools() -> None:
@@ -37,14 +38,17 @@ def _close_pools() -> None:
 
 
 limits = settings.EFFECT_BROKER_API_ADMISSION
-# The size limit is outermost: an oversized upload is refused without taking a slot.
-application = BodySizeLimit(
-    InFlightLimit(
-        django_application,
-        max_in_flight=limits.max_in_flight,
-        max_queued=limits.max_queued,
-        queue_timeout=limits.queue_timeout,
-        on_shutdown=_close_pools,
-    ),
-    max_body_bytes=settings.EFFECT_BROKER_MAX_BODY_BYTES,
+# A credential in the query string is refused (and scrubbed from the access log) and
+# an oversized upload is refused, both before taking a request slot.
+application = QueryCredentialGuard(
+    BodySizeLimit(
+        InFlightLimit(
+            django_application,
+            max_in_flight=limits.max_in_flight,
+            max_queued=limits.max_queued,
+            queue_timeout=limits.queue_timeout,
+            on_shutdown=_close_pools,
+        ),
+        max_body_bytes=settings.EFFECT_BROKER_MAX_BODY_BYTES,
+    )
 )

@@ -237,6 +237,12 @@ class Unauthenticated(BrokerError):
     mirrors = domain.AuthenticationError
 
 
+class CredentialInQuery(BrokerError):
+    """A credential was sent in a query string; rotate it."""
+
+    mirrors = domain.CredentialInQueryError
+
+
 class OperatorForbidden(BrokerError):
     """This credential may not act as an operator."""
 

@@ -287,6 +287,17 @@ class AuthenticationError(EffectBrokerError):
     http_status = 401
 
 
+class CredentialInQueryError(EffectBrokerError):
+    """Credentials are never accepted in a query string; send them as
+    ``Authorization: Bearer``, and rotate the one that was sent.
+
+    Query strings are logged, cached and passed on as referrers.
+    """
+
+    code = "credential_in_query"
+    http_status = 400
+
+
 class OperatorForbiddenError(EffectBrokerError):
     """This credential may not act as an operator.
 

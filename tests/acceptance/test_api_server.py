@@ -10,6 +10,7 @@ scratch database, driven over real sockets.
 * A body over the size limit is 413 ``payload_too_large`` before it is read: a
   declared length at once, a chunked upload after at most about the limit, with no
   Authorization header (issue 12: 300 MiB were read to disk before the 401).
+* A key sent in the query string is refused, and is not in the access log.
 """
 
 from __future__ import annotations
@@ -101,7 +102,14 @@ def scratch(django_db_setup: None, django_db_blocker: Any) -> Iterator[Scratch]:
 class Server:
     """One ``uvicorn config.asgi:application`` process; its connections are tagged."""
 
-    def __init__(self, scratch: Scratch, tag: str, settings: dict[str, str]) -> None:
+    def __init__(
+        self,
+        scratch: Scratch,
+        tag: str,
+        settings: dict[str, str],
+        *,
+        access_log: bool = False,
+    ) -> None:
         self.tag = f"eb-acceptance-{tag}"
         sep = "&" if "?" in scratch.url else "?"
         env = {
@@ -118,7 +126,7 @@ class Server:
                 "config.asgi:application",
                 "--port",
                 str(port),
-                "--no-access-log",
+                "--access-log" if access_log else "--no-access-log",
             ],
             cwd=ROOT,
             env=env,
@@ -371,6 +379,32 @@ def test_a_body_within_the_limit_still_reaches_the_api(
         timeout=30,
     )
     assert response.status_code == 202, response.text[:500]
+
+
+def test_a_key_in_the_query_string_is_refused_and_kept_out_of_the_access_log(
+    scratch: Scratch,
+) -> None:
+    server = Server(scratch, "query-key", {}, access_log=True)
+    try:
+        key = scratch.api_key
+        answers = [
+            httpx.get(f"{server.url}/v1/effects?api_key={key}&tool=charge_card"),
+            httpx.get(f"{server.url}/v1/effects?k={key}"),
+            httpx.get(f"{server.url}/healthz?token=t0ps3cret"),
+        ]
+        allowed = httpx.get(f"{server.url}/healthz?probe=1")
+    finally:
+        log = server.stop()
+    for answer in answers:
+        assert answer.status_code == 400, answer.text[:500]
+        assert answer.headers["content-type"] == "application/problem+json"
+        assert answer.json()["code"] == "credential_in_query"
+    assert allowed.status_code == 200
+    assert key not in log
+    assert "t0ps3cret" not in log
+    # the requests are logged, without the credential
+    assert '"GET /v1/effects?tool=charge_card HTTP/1.1" 400' in log, log[-3000:]
+    assert '"GET /healthz?probe=1 HTTP/1.1" 200' in log
 
 
 def test_limit_and_pool_exhaustion_are_503_overloaded_never_500(

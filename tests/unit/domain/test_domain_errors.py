@@ -56,6 +56,7 @@ EXPECTED = {
     "TenantNotFoundError": ("tenant_not_found", 404),
     "TenantDisabledError": ("tenant_disabled", 403),
     "AuthenticationError": ("unauthenticated", 401),
+    "CredentialInQueryError": ("credential_in_query", 400),
     "OperatorForbiddenError": ("operator_forbidden", 403),
     "InvalidRequestError": ("invalid_request", 400),
     "ConfigurationError": ("configuration", 500),
