@@ -24,7 +24,12 @@ from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
 from asgiref.sync import iscoroutinefunction
-from django.core.exceptions import DisallowedHost
+from django.conf import settings
+from django.core.exceptions import (
+    DisallowedHost,
+    SuspiciousOperation,
+    TooManyFieldsSent,
+)
 from django.http import HttpRequest, HttpResponse
 from django.utils.decorators import sync_and_async_middleware
 
@@ -69,6 +74,15 @@ def refusal(request: HttpRequest) -> HttpResponse | None:
         )
     except UnstorableTextError as exc:
         return domain_error(request, exc)
+    except TooManyFieldsSent:
+        # Raised from here it would escape every handler and, with DEBUG on, show
+        # the debug page.
+        limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+        return domain_error(
+            request, InvalidRequestError(f"more than {limit} query parameters")
+        )
+    except SuspiciousOperation:
+        return domain_error(request, InvalidRequestError("malformed request"))
     return None
 
 

@@ -470,3 +470,17 @@ def test_arguments_over_a_default_cap_are_422_and_nothing_is_written(
     )
     assert problem["cap"] == cap
     assert EffectIntent.objects.count() == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("debug", [False, True])
+def test_too_many_query_parameters_is_a_400_problem_never_a_debug_page(
+    debug: bool,
+) -> None:
+    client = Client(raise_request_exception=False)
+    query = "&".join(f"p{i}=1" for i in range(1500))  # past Django's 1,000 fields
+    with override_settings(DEBUG=debug):
+        response = client.get(f"/v1/effects?{query}")
+    problem = assert_problem(response, 400, "invalid_request")
+    assert "Traceback" not in response.content.decode()
+    assert problem["detail"] == "more than 1000 query parameters"
