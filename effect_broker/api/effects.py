@@ -19,6 +19,7 @@ from effect_broker.api.schemas import EffectOut, effect_out, with_problems
 from effect_broker.domain.keys import MAX_OPERATION_KEY_LENGTH
 from effect_broker.domain.records import (
     MAX_REQUESTED_BY_LENGTH,
+    MAX_TOOL_LENGTH,
     MAX_TRACE_ID_LENGTH,
     EffectRequest,
 )
@@ -52,7 +53,7 @@ class SubmitIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
     operation_key: str = Field(min_length=1, max_length=MAX_OPERATION_KEY_LENGTH)
-    tool: str
+    tool: str = Field(max_length=MAX_TOOL_LENGTH)
     arguments: dict[str, Any]
     trace_id: str | None = Field(default=None, max_length=MAX_TRACE_ID_LENGTH)
     requested_by: str = Field(default="", max_length=MAX_REQUESTED_BY_LENGTH)

@@ -21,6 +21,9 @@ MAX_REQUESTED_BY_LENGTH = 200
 MAX_TRACE_ID_LENGTH = 200
 """Longest ``trace_id`` accepted, in characters (a W3C trace id is 32)."""
 
+MAX_TOOL_LENGTH = 200
+"""Longest ``tool`` name accepted, in characters (an unknown one is echoed back)."""
+
 
 @dataclass(frozen=True, slots=True)
 class EffectRequest:

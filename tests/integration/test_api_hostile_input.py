@@ -283,6 +283,17 @@ def test_over_long_identity_fields_are_422_and_the_cap_itself_is_accepted(
 
 
 @pytest.mark.django_db
+def test_an_over_long_tool_name_is_422_and_not_echoed(
+    client: Client, api_key: str
+) -> None:
+    problem = assert_problem(
+        submit(client, api_key, {**BODY, "tool": "t" * 100_000}), 422, "invalid_request"
+    )
+    assert problem["field"] == "tool"
+    assert len(json.dumps(problem)) < 1000
+
+
+@pytest.mark.django_db
 @override_settings(EFFECT_BROKER_MAX_BODY_BYTES=2000, DATA_UPLOAD_MAX_MEMORY_SIZE=2000)
 def test_a_body_over_the_limit_that_reaches_django_is_a_413_problem(
     client: Client, api_key: str
