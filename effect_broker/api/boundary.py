@@ -127,7 +127,7 @@ def http_boundary(get_response: Handler | AsyncHandler) -> Handler | AsyncHandle
 
     Sync and async alike, so under ASGI it costs no thread hop (issue 13)."""
     if iscoroutinefunction(get_response):
-        async_next: AsyncHandler = get_response  # type: ignore[assignment]
+        async_next: AsyncHandler = get_response
 
         async def boundary_async(request: HttpRequest) -> HttpResponse:
             refused = refusal(request)

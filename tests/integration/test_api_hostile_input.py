@@ -42,7 +42,7 @@ from tests.integration.test_api_resolution import (
 )
 
 PROBLEM_JSON = "application/problem+json"
-BODY = {
+BODY: dict[str, Any] = {
     "operation_key": "order:7:charge:v1",
     "tool": "charge_card",
     "arguments": {"order": "7", "amount_minor": 1999, "currency": "EUR"},
@@ -65,7 +65,7 @@ def op_token(operator: Any) -> str:
     return operators.create_token(operator.get_username())[1]
 
 
-def auth(key: str) -> dict[str, str]:
+def auth(key: str) -> dict[str, Any]:
     return {"HTTP_AUTHORIZATION": f"Bearer {key}"}
 
 
@@ -312,7 +312,7 @@ def test_a_body_over_the_limit_that_reaches_django_is_a_413_problem(
     ids=["none", "unknown-key", "wrong-scheme"],
 )
 def test_401_carries_www_authenticate_bearer(
-    client: Client, headers: dict[str, str]
+    client: Client, headers: dict[str, Any]
 ) -> None:
     response = client.get("/v1/effects", **headers)
     assert_problem(response, 401, "unauthenticated")
