@@ -25,6 +25,7 @@ from mcp.server import Server, ServerRequestContext
 from effect_broker.domain.errors import EffectBrokerError
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus
+from effect_broker.domain.storable_text import require_storable
 from effect_broker.mcp import tools
 from effect_broker.models import Tenant
 from effect_broker.services import awaiting, inspection, resolution
@@ -60,6 +61,9 @@ def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Serve
     ) -> types.CallToolResult:
         arguments = dict(params.arguments or {})
         try:
+            # The storable-text rule every surface applies to its input before any
+            # service sees it (issue 12: NUL reached PostgreSQL as a 500).
+            require_storable(arguments)
             tenant = resolve_tenant(ctx)
             return await anyio.to_thread.run_sync(
                 _in_thread, tenant, params.name, arguments, settings

@@ -107,6 +107,31 @@ def test_invalid_or_unlisted_calls_are_refused_and_store_nothing(
     assert mcp_world.intents() == 0
 
 
+def test_nul_in_any_argument_is_refused_naming_it_and_stores_nothing(
+    mcp_world: World,
+) -> None:
+    # Issue 12: NUL reached PostgreSQL from every surface; here as from the API, the
+    # one storable-text rule refuses it first (unstorable_text, the field named).
+    async def body(session: ClientSession) -> list[types.CallToolResult]:
+        return [
+            await session.call_tool("charge_unsafe", charge("order:42:v1\x00")),
+            await session.call_tool(
+                "charge_unsafe", {**charge("order:43:v1"), "order": "4\x002"}
+            ),
+            await session.call_tool("get_effect", {"effect_id": "e\x00"}),
+        ]
+
+    results = run_session(mcp_world.env, body)
+
+    fields = []
+    for result in results:
+        assert result.is_error
+        assert result.structured_content["code"] == "unstorable_text"
+        fields.append(result.structured_content["details"]["field"])
+    assert fields == ["operation_key", "order", "effect_id"]
+    assert mcp_world.intents() == 0
+
+
 def test_call_still_running_then_receipt_on_redelivery_and_drift_is_a_conflict(
     mcp_world: World,
 ) -> None:
