@@ -3,21 +3,27 @@
 stdio: the tenant's API key comes from ``EFFECT_BROKER_API_KEY``; the process serves
 that tenant only. HTTP: each request carries ``Authorization: Bearer <tenant key>``,
 checked by the same ``services.tenants.authenticate`` the REST API uses, and the tenant
-rides to the handler on the request's scope. ``/healthz`` answers without a key.
+rides to the handler on the request's scope. ``/healthz`` answers without a key. The
+HTTP app sits behind the same boundary guards as the REST API: a credential in the
+query string is refused, and an oversized body is refused before it is read or the key
+is checked (issue 12).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import anyio
+from django.conf import settings as django_settings
 from mcp.server import ServerRequestContext
 from mcp.server.stdio import stdio_server
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from effect_broker.api.body_limit import BodySizeLimit
+from effect_broker.api.problems import PROBLEM_JSON, problem_body
+from effect_broker.api.query_credentials import QueryCredentialGuard
 from effect_broker.domain.errors import AuthenticationError, EffectBrokerError
 from effect_broker.mcp.server import McpSettings, build_server
 from effect_broker.models import Tenant
@@ -60,13 +66,13 @@ class BearerTenant:
                 raise AuthenticationError("missing Authorization: Bearer <API key>")
             tenant = await anyio.to_thread.run_sync(authenticate, token.strip())
         except EffectBrokerError as exc:
-            body = json.dumps(exc.to_dict()).encode()
+            body = problem_body(401, exc.code, str(exc))
             await send(
                 {
                     "type": "http.response.start",
                     "status": 401,
                     "headers": [
-                        (b"content-type", b"application/json"),
+                        (b"content-type", PROBLEM_JSON.encode()),
                         (b"www-authenticate", b"Bearer"),
                     ],
                 }
@@ -81,7 +87,7 @@ async def _health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-def http_app(settings: McpSettings, *, host: str) -> BearerTenant:
+def http_app(settings: McpSettings, *, host: str) -> QueryCredentialGuard:
     """The streamable HTTP app: ``/mcp`` behind a tenant key, ``/healthz`` open."""
     server = build_server(_tenant_of_request, settings)
     app = server.streamable_http_app(
@@ -93,4 +99,9 @@ def http_app(settings: McpSettings, *, host: str) -> BearerTenant:
         host=host,
         custom_starlette_routes=[Route("/healthz", _health)],
     )
-    return BearerTenant(app)
+    return QueryCredentialGuard(
+        BodySizeLimit(
+            BearerTenant(app),
+            max_body_bytes=django_settings.EFFECT_BROKER_MAX_BODY_BYTES,
+        )
+    )

@@ -110,6 +110,27 @@ def test_health_answers_without_a_key_and_mcp_refuses_without_one(
         assert refused.json()["code"] == "unauthenticated"
 
 
+def test_the_http_transport_has_the_api_boundary_guards(server: str) -> None:
+    # An oversized body is refused before it is read and before the key is checked
+    too_big = httpx.post(
+        f"{server}/mcp",
+        headers={"Accept": "application/json, text/event-stream"},
+        content=b"x" * (300 * 1024),
+    )
+    assert too_big.status_code == 413
+    assert too_big.headers["content-type"].startswith("application/problem+json")
+    assert too_big.json()["code"] == "payload_too_large"
+    # A credential in the query string is refused, whatever it is
+    in_query = httpx.post(f"{server}/mcp?api_key=eb_secret", json={})
+    assert in_query.status_code == 400
+    assert in_query.json()["code"] == "credential_in_query"
+    # A missing key is a problem document with the Bearer challenge
+    no_key = httpx.post(f"{server}/mcp", json={})
+    assert no_key.status_code == 401
+    assert no_key.headers["content-type"].startswith("application/problem+json")
+    assert no_key.headers["www-authenticate"] == "Bearer"
+
+
 def test_bearer_key_picks_the_tenant_for_tools(mcp_world: World, server: str) -> None:
     # Given an effect of this tenant and one of another tenant
     other, _ = create_tenant(f"other-{uuid.uuid4().hex[:6]}")
