@@ -44,6 +44,38 @@ def _log_resend(method: str, path: str, resend: int, why: str, wait: float) -> N
     )
 
 
+class _Resends:
+    """When a request is sent again: the decision both clients' ``_send`` loops share
+    (they differ only in how they wait and close)."""
+
+    def __init__(self, retry: RetryPolicy, rand: Callable[[], float]) -> None:
+        self.retry = retry
+        self.rand = rand
+
+    def last(self, resend: int) -> bool:
+        """Whether this is the last attempt the policy allows."""
+        return resend + 1 >= self.retry.attempts
+
+    def after_error(
+        self, method: str, path: str, resend: int, exc: httpx.TransportError
+    ) -> tuple[float, str]:
+        """The wait before resending after ``exc``; raises when it is not resent."""
+        if self.last(resend) or not is_transient(exc):
+            raise wire.transport_error(f"{method} {path}", exc) from exc
+        return self.retry.delay(resend, rand=self.rand), type(exc).__name__
+
+    def after_answer(
+        self, resend: int, response: httpx.Response
+    ) -> tuple[float, str] | None:
+        """The wait before resending after ``response``; None: it is the answer."""
+        if self.last(resend) or not should_resend(response):
+            return None
+        wait = self.retry.delay(
+            resend, retry_after=retry_after_seconds(response), rand=self.rand
+        )
+        return wait, f"HTTP {response.status_code}"
+
+
 class BrokerClient(SyncBrokerOps):
     """The broker's HTTP API for one tenant, synchronous.
 
@@ -138,9 +170,9 @@ class BrokerClient(SyncBrokerOps):
         content: bytes | None = None,
         params: Mapping[str, Any] | None = None,
     ) -> Any:
+        resends = _Resends(self._retry, self._rand)
         resend = 0
         while True:
-            last = resend + 1 >= self._retry.attempts
             try:
                 response = self._http.request(
                     method,
@@ -150,16 +182,12 @@ class BrokerClient(SyncBrokerOps):
                     headers={"Content-Type": "application/json"} if content else None,
                 )
             except httpx.TransportError as exc:
-                if last or not is_transient(exc):
-                    raise wire.transport_error(f"{method} {path}", exc) from exc
-                wait, why = self._retry.delay(resend, rand=self._rand), type(exc).__name__
+                wait, why = resends.after_error(method, path, resend, exc)
             else:
-                if last or not should_resend(response):
+                step = resends.after_answer(resend, response)
+                if step is None:
                     return wire.answer(response)
-                wait = self._retry.delay(
-                    resend, retry_after=retry_after_seconds(response), rand=self._rand
-                )
-                why = f"HTTP {response.status_code}"
+                wait, why = step
                 response.close()
             _log_resend(method, path, resend, why, wait)
             self._sleep(wait)
@@ -249,9 +277,9 @@ class AsyncBrokerClient(AsyncBrokerOps):
         content: bytes | None = None,
         params: Mapping[str, Any] | None = None,
     ) -> Any:
+        resends = _Resends(self._retry, self._rand)
         resend = 0
         while True:
-            last = resend + 1 >= self._retry.attempts
             try:
                 response = await self._http.request(
                     method,
@@ -261,16 +289,12 @@ class AsyncBrokerClient(AsyncBrokerOps):
                     headers={"Content-Type": "application/json"} if content else None,
                 )
             except httpx.TransportError as exc:
-                if last or not is_transient(exc):
-                    raise wire.transport_error(f"{method} {path}", exc) from exc
-                wait, why = self._retry.delay(resend, rand=self._rand), type(exc).__name__
+                wait, why = resends.after_error(method, path, resend, exc)
             else:
-                if last or not should_resend(response):
+                step = resends.after_answer(resend, response)
+                if step is None:
                     return wire.answer(response)
-                wait = self._retry.delay(
-                    resend, retry_after=retry_after_seconds(response), rand=self._rand
-                )
-                why = f"HTTP {response.status_code}"
+                wait, why = step
                 await response.aclose()
             _log_resend(method, path, resend, why, wait)
             await self._sleep(wait)
