@@ -38,15 +38,12 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
 import sys
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import psycopg
-
-from examples.crash_matrix.workers import ROOT
 
 if TYPE_CHECKING:
     from examples.crash_matrix.rig import Rig
@@ -119,32 +116,12 @@ def run_ledger(rig: Rig, scenario: str, body: dict[str, Any], failpoint: str) ->
     The first run is killed at ``failpoint``; the next ones are the agent's retries.
     """
     workflow_id = body["cell"]
-    for attempt in range(3):
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "examples.crash_matrix.ledger_runner",
-                "--database-url",
-                rig.database_url,
-                "--target",
-                rig.target.url,
-                "--mode",
-                scenario,
-                "--workflow-id",
-                workflow_id,
-                "--body",
-                json.dumps(body),
-                "--failpoint",
-                failpoint if attempt == 0 else "",
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            timeout=90,
-            check=False,
-        )
-        if result.returncode == 0:
-            break
+    rig.run_baseline(
+        "examples.crash_matrix.ledger_runner",
+        ["--mode", scenario, "--workflow-id", workflow_id, "--body", json.dumps(body)],
+        failpoint,
+        timeout=90,
+    )
     if scenario == "transactional":
         return local_effects(rig.database_url, workflow_id)
     return rig.count_baseline(scenario, body)

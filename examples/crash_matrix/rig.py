@@ -246,36 +246,43 @@ class Rig:
         """Writes the fence refused for the effect."""
         return StaleWrite.objects.filter(effect_id=record.effect_id).count()
 
-    def run_naive(
-        self, scenario: str, body: dict[str, Any], key: str, failpoint: str
-    ) -> int:
-        """Run the naive loop until it records success (a crash means run it again)."""
+    def run_baseline(
+        self, module: str, args: list[str], failpoint: str, *, timeout: float
+    ) -> None:
+        """Run a baseline's runner process until it exits 0, as its agent would retry
+        it: the first run is killed at ``failpoint``, at most two more follow."""
         for attempt in range(3):
             result = subprocess.run(
                 [
                     sys.executable,
                     "-m",
-                    "examples.crash_matrix.naive_runner",
+                    module,
                     "--database-url",
                     self.database_url,
                     "--target",
                     self.target.url,
-                    "--mode",
-                    scenario,
-                    "--operation-key",
-                    key,
-                    "--body",
-                    json.dumps(body),
+                    *args,
                     "--failpoint",
                     failpoint if attempt == 0 else "",
                 ],
                 cwd=ROOT,
                 capture_output=True,
-                timeout=60,
+                timeout=timeout,
                 check=False,
             )
             if result.returncode == 0:
-                break
+                return
+
+    def run_naive(
+        self, scenario: str, body: dict[str, Any], key: str, failpoint: str
+    ) -> int:
+        """Run the naive loop until it records success (a crash means run it again)."""
+        self.run_baseline(
+            "examples.crash_matrix.naive_runner",
+            ["--mode", scenario, "--operation-key", key, "--body", json.dumps(body)],
+            failpoint,
+            timeout=60,
+        )
         if scenario == "transactional":
             return self.naive_local_effects(key)
         return self.count_baseline(scenario, body)
