@@ -57,6 +57,7 @@ from examples.crash_matrix.workers import (
     broker_env,
     wait_until,
 )
+from tests.job_tables import forget_old_jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -104,12 +105,7 @@ class Bench:
 @pytest.fixture
 def bench(tmp_path: Path) -> Iterator[Bench]:
     connection.ensure_connection()
-    # Django's flush skips procrastinate's unmanaged tables: start with no old jobs.
-    with connection.cursor() as cur:
-        cur.execute(
-            "TRUNCATE procrastinate_jobs, procrastinate_periodic_defers, "
-            "procrastinate_workers CASCADE"
-        )
+    forget_old_jobs()
     url = url_from_settings(connection.settings_dict)
     target = start_target(url, settlement_delay="500ms", schema="paused_target")
     target.reset()

@@ -29,6 +29,7 @@ from effect_broker.services.tenants import create_tenant
 from examples.crash_matrix.contracts import TOOLS, write_contracts
 from examples.crash_matrix.target_client import TargetProcess, start_target
 from examples.crash_matrix.workers import WorkerProcess, broker_env, wait_until
+from tests.job_tables import forget_old_jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -75,12 +76,7 @@ class World:
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
     connection.ensure_connection()
-    # Django's flush skips procrastinate's unmanaged tables: start with no old jobs.
-    with connection.cursor() as cur:
-        cur.execute(
-            "TRUNCATE procrastinate_jobs, procrastinate_periodic_defers, "
-            "procrastinate_workers CASCADE"
-        )
+    forget_old_jobs()
     url = url_from_settings(connection.settings_dict)
     target = start_target(url, settlement_delay="500ms", schema="worker_target")
     target.reset()

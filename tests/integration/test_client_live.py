@@ -39,6 +39,7 @@ from effect_broker.services.tenants import create_tenant
 from examples.crash_matrix.contracts import TOOLS, write_contracts
 from examples.crash_matrix.target_client import TargetProcess, start_target
 from examples.crash_matrix.workers import ROOT, WorkerProcess, broker_env
+from tests.job_tables import forget_old_jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -71,12 +72,7 @@ class LiveBroker:
 def live(django_db_setup: None, django_db_blocker: Any) -> Iterator[LiveBroker]:
     with django_db_blocker.unblock():
         connection.ensure_connection()
-        # Django's flush skips procrastinate's tables: start with no old jobs.
-        with connection.cursor() as cur:
-            cur.execute(
-                "TRUNCATE procrastinate_jobs, procrastinate_periodic_defers, "
-                "procrastinate_workers CASCADE"
-            )
+        forget_old_jobs()
         database_url = url_from_settings(connection.settings_dict)
     workdir = tempfile.TemporaryDirectory(prefix="eb-sdk-live-")
     target = start_target(database_url, settlement_delay="500ms", schema="sdk_target")

@@ -40,6 +40,7 @@ from tests.integration.mcp_support import (
     run_session,
     text_of,
 )
+from tests.job_tables import forget_old_jobs
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -302,11 +303,7 @@ def test_stdio_refuses_to_start_without_a_valid_api_key(
 @pytest.mark.slow
 def test_a_worker_process_settles_the_call_within_its_wait(mcp_world: World) -> None:
     # Given a real procrastinate worker process on the same database and contracts
-    with connection.cursor() as cur:
-        cur.execute(
-            "TRUNCATE procrastinate_jobs, procrastinate_periodic_defers, "
-            "procrastinate_workers CASCADE"
-        )
+    forget_old_jobs()
     worker = WorkerProcess("mcp-worker", mcp_world.env)
     try:
         wait_until(
