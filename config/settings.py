@@ -59,6 +59,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "procrastinate.contrib.django",
+    # django-ninja's templates and its bundled Swagger UI assets (ninja/static): with
+    # it installed, /docs loads them from STATIC_URL, never from a CDN (issue 11).
+    "ninja",
     "effect_broker",
 ]
 
@@ -72,6 +75,9 @@ MIDDLEWARE = [
     # debug page, whatever DEBUG says (issue 12).
     "effect_broker.api.boundary.http_boundary",
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the admin's CSS, /docs' Swagger UI) from the same process, as
+    # served by uvicorn in production (issue 11: the admin had no CSS there).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "effect_broker.api.admin_middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -154,7 +160,15 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+#: Where ``manage.py collectstatic`` gathers the static files WhiteNoise serves in
+#: production (README "Run it"); development serves them from the apps (finders).
+STATIC_ROOT = Path(
+    os.environ.get("EFFECT_BROKER_STATIC_ROOT", "") or BASE_DIR / "staticfiles"
+)
+WHITENOISE_USE_FINDERS = DEBUG
+# Development rescans per request (an edited file shows at once) and so does not warn
+# about a STATIC_ROOT that no collectstatic has filled yet; production reads it once.
+WHITENOISE_AUTOREFRESH = DEBUG
 
 LOGGING = {
     "version": 1,

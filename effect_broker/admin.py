@@ -1,14 +1,19 @@
-"""Django admin: tenants are editable; ledger rows are read-only evidence.
+"""Django admin: the operator console. Tenants are editable; ledger rows are evidence.
 
-Operator resolution of unknown effects goes through ``services.resolution`` from admin
-actions and two small forms (resolve, fork); nothing here writes a ledger row directly.
-Who may resolve or fork: an active staff user holding ``effect_broker.resolve_effect``
-(``services.operators``), and the operator recorded in the events is the logged-in
-user - the service re-checks it, so a forged action post changes nothing either.
+Issue 11: an operator finds the effects waiting for a person ("Needs an operator",
+oldest first, counted on the index), reads one effect's timeline, attempts, receipt,
+chain check and linked jobs on its page, and settles it there. Reading is
+``effect_broker.admin_console``; settling goes through ``services.resolution`` and
+``services.forking`` from the two small form views here; nothing writes a ledger row
+directly. Who may resolve or fork: an active staff user holding
+``effect_broker.resolve_effect`` (``services.operators``), and the operator recorded in
+the events is the logged-in user - the service re-checks it, so a forged post changes
+nothing either. The read-only ledger admins are ``effect_broker.admin_ledger``.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,139 +21,107 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
+from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
-from effect_broker.domain.canonical import parse_json_strict
-from effect_broker.domain.errors import (
-    EffectBrokerError,
-    InvalidJsonError,
-    OperatorForbiddenError,
-    UnstorableTextError,
-)
-from effect_broker.domain.evidence import EVIDENCE_SHAPES
-from effect_broker.domain.states import EffectStatus, SafetyClass
-from effect_broker.domain.storable_text import require_storable
-from effect_broker.models import (
-    EffectAttempt,
-    EffectEvent,
-    EffectFork,
-    EffectIntent,
-    EffectReceipt,
-    OperatorToken,
-    StaleWrite,
-    Tenant,
-)
-from effect_broker.services import forking, operators, resolution
-from effect_broker.services.resolution import RESOLVABLE, Resolution
+from effect_broker import admin_console as console
+from effect_broker.admin_forms import ForkForm, ReasonForm, ResolveForm, TenantCreateForm
+from effect_broker.admin_ledger import ReadOnlyAdmin
+from effect_broker.domain.errors import EffectBrokerError, OperatorForbiddenError
+from effect_broker.models import EffectFork, EffectIntent, EffectReceipt, Tenant
+from effect_broker.services import forking, operators, resolution, tenants
+from effect_broker.services.resolution import RESOLVABLE
 
 _PAGE = "admin/effect_broker/operator_page.html"
+_CSS = ("effect_broker/admin/console.css",)
 
-
-def _shapes_help(*kinds: str) -> str:
-    return "; ".join(f"{kind}: {', '.join(EVIDENCE_SHAPES[kind])}" for kind in kinds)
+# The index shows how many effects wait for an operator (a block above the app list).
+admin.site.index_template = "admin/effect_broker/index.html"
 
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
+    """Tenants: created with an API key shown once; names unique, with a form error."""
+
     list_display = ("name", "id", "disabled", "created_at")
-    readonly_fields = ("id", "api_key_hash", "created_at", "updated_at")
+    # hmac_key_id names the HMAC key every downstream key of the tenant is derived
+    # with: editing it would silently change the keys of effects still in flight.
+    readonly_fields = ("id", "hmac_key_id", "api_key_hash", "created_at", "updated_at")
     search_fields = ("name",)
 
+    def add_view(
+        self,
+        request: HttpRequest,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """Create a tenant through ``services.tenants`` and show its key once."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        form = TenantCreateForm(request.POST if request.method == "POST" else None)
+        if form.is_valid():
+            try:
+                # A savepoint: a lost race on the unique name must not poison the
+                # request's transaction (ATOMIC_REQUESTS or a test's).
+                with transaction.atomic():
+                    tenant, api_key = tenants.create_tenant(form.cleaned_data["name"])
+            except IntegrityError:
+                form.add_error(
+                    "name",
+                    "A tenant with this name was created a moment ago. Tenant names "
+                    "are unique.",
+                )
+            except EffectBrokerError as exc:
+                form.add_error("name", str(exc))
+            else:
+                self.log_addition(request, tenant, [{"added": {}}])
+                return self._key_shown_once(request, tenant, api_key)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Add tenant",
+            "form": form,
+            "adminform_errors": form.errors,
+        }
+        return TemplateResponse(
+            request, "admin/effect_broker/tenant/add_tenant.html", context
+        )
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Ledger rows are evidence: viewable, never added, changed or deleted here."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class ReasonForm(forms.Form):
-    """The reason every resolution records in its event."""
-
-    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=2000)
-
-
-class ResolveForm(ReasonForm):
-    """One effect, one of the operator's three choices, with its evidence."""
-
-    resolution = forms.ChoiceField(
-        choices=[
-            (Resolution.SUCCEEDED.value, "Proof of success: mark succeeded (receipt)"),
-            (Resolution.NOT_COMMITTED.value, "Proof of non-commit: requeue"),
-            (Resolution.FAILED.value, "Mark final failure"),
-        ],
-        widget=forms.RadioSelect,
-    )
-    evidence = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 6}),
-        required=False,
-        help_text="A JSON object with at least these members - "
-        + _shapes_help("succeeded", "not_committed", "failed")
-        + " (failed: optional). Stored encrypted in the receipt (success) and by "
-        "digest in the event.",
-    )
-    external_id = forms.CharField(required=False, max_length=500)
-    field_order = ["resolution", "reason", "evidence", "external_id"]
-
-    def clean_evidence(self) -> dict[str, Any]:
-        """Parse the evidence with the broker's strict JSON rules."""
-        return _json_object(self.cleaned_data.get("evidence", ""))
-
-
-class ForkForm(ReasonForm):
-    """Fork one effect into a new effect under a new operation key."""
-
-    new_operation_key = forms.CharField(max_length=1024)
-    evidence = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 6}),
-        help_text="Your attestation that the old effect never committed, as a JSON "
-        "object with at least: " + _shapes_help("fork"),
-    )
-    field_order = ["new_operation_key", "reason", "evidence"]
-
-    def clean_evidence(self) -> dict[str, Any]:
-        """Parse the evidence with the broker's strict JSON rules."""
-        return _json_object(self.cleaned_data.get("evidence", ""))
-
-
-def _json_object(raw: str) -> dict[str, Any]:
-    raw = raw.strip()
-    if not raw:
-        return {}
-    try:
-        value = parse_json_strict(raw)
-    except InvalidJsonError as exc:
-        raise forms.ValidationError(str(exc)) from exc
-    if not isinstance(value, dict):
-        raise forms.ValidationError("evidence must be a JSON object")
-    try:
-        # A JSON escape (\u0000) gets past the form's NUL check on the raw text
-        # (issue 12: a NUL in an evidence key was a 500).
-        require_storable(value, "evidence")
-    except UnstorableTextError as exc:
-        raise forms.ValidationError(str(exc)) from exc
-    return value
+    def _key_shown_once(
+        self, request: HttpRequest, tenant: Tenant, api_key: str
+    ) -> HttpResponse:
+        # The key is in this response only: never in a message (the cookie storage
+        # would carry it back and forth), a log or the database (only its hash).
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Tenant {tenant.name} created",
+            "tenant": tenant,
+            "api_key": api_key,
+        }
+        response = TemplateResponse(
+            request, "admin/effect_broker/tenant/key_shown_once.html", context
+        )
+        response["Cache-Control"] = "no-store"
+        return response
 
 
 @admin.register(EffectIntent)
 class EffectIntentAdmin(ReadOnlyAdmin):
+    """Effects: a coloured changelist, the operator queue, and the effect page."""
+
     list_display = (
         "operation_key",
         "tenant",
         "tool",
+        "contract",
         "safety_class",
-        "status",
-        "needs_operator",
+        "status_badge",
+        "age",
         "version",
         "updated_at",
         "resolve_link",
@@ -160,14 +133,34 @@ class EffectIntentAdmin(ReadOnlyAdmin):
     # request_hash: not for display, even keyed (issue 9, defect 10).
     exclude = ("arguments_ciphertext", "downstream_key", "request_hash")
     actions = ("request_reconciliation", "resolve_mark_failed")
+    change_form_template = "admin/effect_broker/effectintent/change_form.html"
+    change_list_template = "admin/effect_broker/effectintent/change_list.html"
 
-    @admin.display(boolean=True, description="needs operator")
-    def needs_operator(self, obj: EffectIntent) -> bool:
-        """Unsafe outcome_unknown or manual_review: nothing automatic will settle it."""
-        return obj.status == EffectStatus.MANUAL_REVIEW or (
-            obj.status == EffectStatus.OUTCOME_UNKNOWN
-            and obj.safety_class == SafetyClass.UNSAFE
+    class Media:
+        css = {"all": _CSS}
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: EffectIntent) -> str:
+        """The status in its colour: red needs an operator, amber unknown, grey
+        settled (issue 11: a green tick meant "needs operator")."""
+        tone = console.status_tone(obj.status, obj.safety_class)
+        return format_html(
+            '<span class="eb-status {}" title="{}">{}</span> <code>{}</code>',
+            tone.css,
+            tone.label,
+            tone.label,
+            obj.status,
         )
+
+    @admin.display(description="age", ordering="created_at")
+    def age(self, obj: EffectIntent) -> str:
+        """Time since the effect was submitted."""
+        return console.age_of(obj.created_at)
+
+    @admin.display(description="contract")
+    def contract(self, obj: EffectIntent) -> str:
+        """The contract the effect is pinned to, with its version."""
+        return f"{obj.contract_name}@{obj.contract_version}"
 
     @admin.display(description="resolve")
     def resolve_link(self, obj: EffectIntent) -> str:
@@ -201,8 +194,14 @@ class EffectIntentAdmin(ReadOnlyAdmin):
         return True
 
     def get_urls(self) -> list[URLPattern]:
-        """Add ``<id>/resolve/`` and ``<id>/fork/`` before the stock ``<id>/`` routes."""
+        """Add the queue, ``<id>/resolve/`` and ``<id>/fork/`` before the stock
+        ``<id>/`` routes."""
         extra = [
+            path(
+                "needs-operator/",
+                self.admin_site.admin_view(self.queue_view),
+                name="effect_broker_effectintent_queue",
+            ),
             path(
                 "<uuid:effect_id>/resolve/",
                 self.admin_site.admin_view(self.resolve_view),
@@ -215,6 +214,75 @@ class EffectIntentAdmin(ReadOnlyAdmin):
             ),
         ]
         return [*extra, *super().get_urls()]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The stock changelist, with the queue's count on its object tools."""
+        context = {**(extra_context or {}), "queue_count": console.queue_count()}
+        return super().changelist_view(request, extra_context=context)
+
+    def queue_view(self, request: HttpRequest) -> HttpResponse:
+        """Needs an operator: outcome_unknown and manual_review effects, oldest first."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Needs an operator",
+            "rows": console.queue_rows(),
+            "total": console.queue_count(),
+            "page_size": console.QUEUE_PAGE,
+            "may_resolve": self.has_resolve_permission(request),
+            "media": self.media,
+        }
+        return TemplateResponse(
+            request, "admin/effect_broker/effectintent/queue.html", context
+        )
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """The effect page: the stock read-only fields, then the operator's view."""
+        intent = (
+            EffectIntent.objects.select_related("tenant").filter(pk=object_id).first()
+            if _is_uuid(object_id)
+            else None
+        )
+        if intent is not None and self.has_view_permission(request, intent):
+            extra_context = {**(extra_context or {}), **self._console(request, intent)}
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def _console(self, request: HttpRequest, intent: EffectIntent) -> dict[str, Any]:
+        chain, events = console.timeline(intent)
+        may_resolve = self.has_resolve_permission(request)
+        choices = console.choices(intent) if intent.status in RESOLVABLE else []
+        closed = [c.value for c in choices if not c.available]
+        return {
+            "tone": console.status_tone(intent.status, intent.safety_class),
+            "age": console.age_of(intent.created_at),
+            "waiting": console.age_of(intent.updated_at),
+            "chain": chain,
+            "events": events,
+            "attempts": console.attempts(intent),
+            "receipt": EffectReceipt.objects.filter(effect_id=intent.pk).first(),
+            "jobs": console.linked_jobs(intent),
+            "choices": choices,
+            "may_resolve": may_resolve,
+            "fork_open": "fork" not in closed,
+            "resolve_form": ResolveForm(closed=closed) if may_resolve else None,
+            "fork_form": ForkForm() if may_resolve and "fork" not in closed else None,
+            "resolve_url": reverse(
+                "admin:effect_broker_effectintent_resolve", args=[intent.pk]
+            ),
+            "fork_url": reverse(
+                "admin:effect_broker_effectintent_fork", args=[intent.pk]
+            ),
+        }
 
     @admin.action(description="Request reconciliation", permissions=["resolve"])
     def request_reconciliation(
@@ -293,7 +361,10 @@ class EffectIntentAdmin(ReadOnlyAdmin):
     def resolve_view(self, request: HttpRequest, effect_id: Any) -> HttpResponse:
         """Resolve one effect: success or non-commit with evidence, or failure."""
         intent = self._operator_target(request, effect_id)
-        form = ResolveForm(request.POST if request.method == "POST" else None)
+        closed = [c.value for c in console.choices(intent) if not c.available]
+        form = ResolveForm(
+            request.POST if request.method == "POST" else None, closed=closed
+        )
         if form.is_valid():
             data = form.cleaned_data
             try:
@@ -387,12 +458,22 @@ class EffectIntentAdmin(ReadOnlyAdmin):
             "intro": intro,
             "form": form,
             "effects": effects,
+            "choices": console.choices(effects[0]) if len(effects) == 1 else [],
             "selected": effects if action else [],
             "checkbox_name": ACTION_CHECKBOX_NAME,
             "action": action,
             "submit": submit,
+            "media": self.media,
         }
         return TemplateResponse(request, _PAGE, context)
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True
 
 
 def _report_refusals(
@@ -400,53 +481,3 @@ def _report_refusals(
 ) -> None:
     for line in refused:
         model_admin.message_user(request, f"Refused: {line}", messages.ERROR)
-
-
-@admin.register(EffectAttempt)
-class EffectAttemptAdmin(ReadOnlyAdmin):
-    list_display = ("effect", "ordinal", "worker", "outcome", "started_at", "ended_at")
-    # An attempt's request_digest is the effect's request hash (issue 9, defect 10).
-    exclude = ("request_digest",)
-
-
-@admin.register(EffectReceipt)
-class EffectReceiptAdmin(ReadOnlyAdmin):
-    list_display = ("effect", "external_id", "created_at")
-    exclude = ("result_ciphertext",)
-
-
-@admin.register(EffectEvent)
-class EffectEventAdmin(ReadOnlyAdmin):
-    list_display = (
-        "effect",
-        "sequence",
-        "event_type",
-        "old_status",
-        "new_status",
-        "actor",
-    )
-    exclude = ("prev_digest", "digest")
-
-
-@admin.register(StaleWrite)
-class StaleWriteAdmin(ReadOnlyAdmin):
-    list_display = (
-        "effect",
-        "actor",
-        "expected_version",
-        "actual_version",
-        "occurred_at",
-    )
-
-
-@admin.register(EffectFork)
-class EffectForkAdmin(ReadOnlyAdmin):
-    list_display = ("old_effect", "new_effect", "operator", "created_at")
-
-
-@admin.register(OperatorToken)
-class OperatorTokenAdmin(ReadOnlyAdmin):
-    """Tokens are created (shown once) and revoked with ``effect-broker operators``."""
-
-    list_display = ("name", "user", "scope", "created_at", "revoked_at")
-    exclude = ("token_hash",)
