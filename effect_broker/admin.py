@@ -127,6 +127,40 @@ class EffectIntentAdmin(ReadOnlyAdmin):
         "resolve_link",
     )
     readonly_fields = ("fork_links",)
+    # What an operator reads first stays open; the rest of the row is one click away,
+    # so the timeline and the choices below are not pushed off the first screen.
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    ("operation_key", "tenant"),
+                    ("tool", "contract_name", "contract_version", "safety_class"),
+                    ("status", "version", "attempt_count", "outcome_in_doubt"),
+                    ("created_at", "updated_at"),
+                    "fork_links",
+                )
+            },
+        ),
+        (
+            "Stored row",
+            {
+                "classes": ("collapse",),
+                "fields": (
+                    "id",
+                    "arguments_preview",
+                    "arguments_key_id",
+                    "next_action_at",
+                    ("lease_owner", "lease_expires_at"),
+                    "first_dispatch_at",
+                    ("retention_deadline", "settlement_deadline"),
+                    "receipt_id",
+                    "trace_id",
+                    "requested_by",
+                ),
+            },
+        ),
+    )
     list_filter = ("status", "safety_class", "tool")
     list_select_related = ("tenant",)
     search_fields = ("operation_key",)
@@ -275,7 +309,12 @@ class EffectIntentAdmin(ReadOnlyAdmin):
             "may_resolve": may_resolve,
             "fork_open": "fork" not in closed,
             "resolve_form": ResolveForm(closed=closed) if may_resolve else None,
-            "fork_form": ForkForm() if may_resolve and "fork" not in closed else None,
+            # Its own ids: both forms have a reason and an evidence field.
+            "fork_form": (
+                ForkForm(auto_id="fork_%s")
+                if may_resolve and "fork" not in closed
+                else None
+            ),
             "resolve_url": reverse(
                 "admin:effect_broker_effectintent_resolve", args=[intent.pk]
             ),

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
+from django.db import connection
 from django.test import Client, override_settings
 from django.urls import reverse
 
@@ -210,6 +211,28 @@ def test_effect_page_shows_timeline_chain_attempts_and_choices_for_unsafe(
     assert re.search(r'value="not_committed"[^>]*disabled', html)
     assert 'id="resolve-form"' in html
     assert 'id="fork-form"' in html
+
+
+def test_effect_page_shows_a_broken_chain_and_still_lists_the_rows(
+    admin_client: Client, world: dict[str, EffectRecord]
+) -> None:
+    # Given an event rewritten behind the broker's back (as a privileged DBA could;
+    # its triggers skipped for it, inside this test's transaction)
+    record = world["unsafe"]
+    with connection.cursor() as cur:
+        cur.execute("SET LOCAL session_replication_role = replica")
+        cur.execute(
+            "UPDATE effect_events SET actor = 'mallory' "
+            "WHERE effect_id = %s AND sequence = 2",
+            [record.effect_id],
+        )
+        cur.execute("SET LOCAL session_replication_role = origin")
+    html = admin_client.get(change_url(record)).content.decode()
+    # Then the verifier's verdict is shown plainly, and the rows as they now are
+    assert 'class="eb-chain-broken"' in html
+    assert "BROKEN:" in html
+    assert 'class="eb-chain-ok"' not in html
+    assert "<td>mallory</td>" in html
 
 
 def test_effect_page_of_a_settled_effect_shows_its_receipt_and_no_form(
