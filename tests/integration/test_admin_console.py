@@ -235,6 +235,49 @@ def test_effect_page_shows_a_broken_chain_and_still_lists_the_rows(
     assert "<td>mallory</td>" in html
 
 
+@pytest.mark.parametrize(
+    ("safety", "later", "closed"),
+    [
+        (SafetyClass.UNSAFE, 0, {"not_committed"}),
+        # Before its settlement bound the target may still settle the request: neither
+        # a requeue nor a fork (its duplicate) is open yet; after it, both are.
+        (SafetyClass.RECONCILABLE, 0, {"not_committed", "fork"}),
+        (SafetyClass.RECONCILABLE, 5, set()),
+        # Within its key retention (1 h) a resend is deduplicated; past it, it is not.
+        (SafetyClass.IDEMPOTENT, 0, set()),
+        (SafetyClass.IDEMPOTENT, 3600, {"not_committed"}),
+    ],
+    ids=["unsafe", "reconcilable-early", "reconcilable-late", "idem-kept", "idem-lapsed"],
+)
+def test_effect_page_closes_exactly_the_choices_the_services_refuse(
+    admin_client: Client, bench: Bench, safety: SafetyClass, later: int, closed: set[str]
+) -> None:
+    record = bench.unknown_outcome(safety)
+    bench.advance(later)  # the database's clock, on which the deadlines are compared
+    html = admin_client.get(change_url(record)).content.decode()
+    by_choice = {
+        choice: state
+        for state, choice in re.findall(
+            r'eb-choice-(open|closed)" data-choice="(\w+)"', html
+        )
+    }
+    assert set(by_choice) == {"succeeded", "not_committed", "failed", "fork"}
+    assert {c for c, state in by_choice.items() if state == "closed"} == closed
+    assert ('id="fork-form"' in html) is ("fork" not in closed)
+    # And the service agrees: a closed requeue is refused when posted anyway
+    if "not_committed" in closed:
+        before = status_of(record)
+        admin_client.post(
+            reverse("admin:effect_broker_effectintent_resolve", args=[record.effect_id]),
+            {
+                "resolution": "not_committed",
+                "reason": "not there",
+                "evidence": '{"source": "export", "checked_at": "2026-12-03T21:00:00Z"}',
+            },
+        )
+        assert status_of(record) == before
+
+
 def test_effect_page_of_a_settled_effect_shows_its_receipt_and_no_form(
     admin_client: Client, world: dict[str, EffectRecord]
 ) -> None:
