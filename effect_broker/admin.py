@@ -8,7 +8,8 @@ chain check and linked jobs on its page, and settles it there. Reading is
 directly. Who may resolve or fork: an active staff user holding
 ``effect_broker.resolve_effect`` (``services.operators``), and the operator recorded in
 the events is the logged-in user - the service re-checks it, so a forged post changes
-nothing either. The read-only ledger admins are ``effect_broker.admin_ledger``.
+nothing either. The read-only ledger admins are ``effect_broker.admin_ledger``, the
+tenants' ``effect_broker.admin_tenants``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
-from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -29,85 +29,20 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from effect_broker import admin_console as console
-from effect_broker.admin_forms import ForkForm, ReasonForm, ResolveForm, TenantCreateForm
+from effect_broker.admin_forms import ForkForm, ReasonForm, ResolveForm
 from effect_broker.admin_ledger import ReadOnlyAdmin
+from effect_broker.admin_tenants import TenantAdmin
 from effect_broker.domain.errors import EffectBrokerError, OperatorForbiddenError
-from effect_broker.models import EffectFork, EffectIntent, EffectReceipt, Tenant
-from effect_broker.services import forking, operators, resolution, tenants
+from effect_broker.models import EffectFork, EffectIntent, EffectReceipt
+from effect_broker.services import forking, operators, resolution
 from effect_broker.services.resolution import RESOLVABLE
 
 _PAGE = "admin/effect_broker/operator_page.html"
 _CSS = ("effect_broker/admin/console.css",)
+__all__ = ["EffectIntentAdmin", "TenantAdmin"]
 
 # The index shows how many effects wait for an operator (a block above the app list).
 admin.site.index_template = "admin/effect_broker/index.html"
-
-
-@admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
-    """Tenants: created with an API key shown once; names unique, with a form error."""
-
-    list_display = ("name", "id", "disabled", "created_at")
-    # hmac_key_id names the HMAC key every downstream key of the tenant is derived
-    # with: editing it would silently change the keys of effects still in flight.
-    readonly_fields = ("id", "hmac_key_id", "api_key_hash", "created_at", "updated_at")
-    search_fields = ("name",)
-
-    def add_view(
-        self,
-        request: HttpRequest,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        """Create a tenant through ``services.tenants`` and show its key once."""
-        if not self.has_add_permission(request):
-            raise PermissionDenied
-        form = TenantCreateForm(request.POST if request.method == "POST" else None)
-        if form.is_valid():
-            try:
-                # A savepoint: a lost race on the unique name must not poison the
-                # request's transaction (ATOMIC_REQUESTS or a test's).
-                with transaction.atomic():
-                    tenant, api_key = tenants.create_tenant(form.cleaned_data["name"])
-            except IntegrityError:
-                form.add_error(
-                    "name",
-                    "A tenant with this name was created a moment ago. Tenant names "
-                    "are unique.",
-                )
-            except EffectBrokerError as exc:
-                form.add_error("name", str(exc))
-            else:
-                self.log_addition(request, tenant, [{"added": {}}])
-                return self._key_shown_once(request, tenant, api_key)
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.model._meta,
-            "title": "Add tenant",
-            "form": form,
-            "adminform_errors": form.errors,
-        }
-        return TemplateResponse(
-            request, "admin/effect_broker/tenant/add_tenant.html", context
-        )
-
-    def _key_shown_once(
-        self, request: HttpRequest, tenant: Tenant, api_key: str
-    ) -> HttpResponse:
-        # The key is in this response only: never in a message (the cookie storage
-        # would carry it back and forth), a log or the database (only its hash).
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.model._meta,
-            "title": f"Tenant {tenant.name} created",
-            "tenant": tenant,
-            "api_key": api_key,
-        }
-        response = TemplateResponse(
-            request, "admin/effect_broker/tenant/key_shown_once.html", context
-        )
-        response["Cache-Control"] = "no-store"
-        return response
 
 
 @admin.register(EffectIntent)
