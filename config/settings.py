@@ -166,6 +166,13 @@ STATIC_ROOT = Path(
     os.environ.get("EFFECT_BROKER_STATIC_ROOT", "") or BASE_DIR / "staticfiles"
 )
 WHITENOISE_USE_FINDERS = DEBUG
+# collectstatic also writes a gzip copy of each file, which WhiteNoise sends to clients
+# that accept it (/docs' Swagger bundle: 1.5 MB). Not the manifest variant: hashed
+# names would make every template fail to render until collectstatic has run.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 # Development rescans per request (an edited file shows at once) and so does not warn
 # about a STATIC_ROOT that no collectstatic has filled yet; production reads it once.
 WHITENOISE_AUTOREFRESH = DEBUG

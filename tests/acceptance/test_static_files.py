@@ -125,3 +125,16 @@ def test_docs_name_only_local_swagger_assets(production: tuple[str, Path]) -> No
     assert "/static/ninja/swagger-ui-bundle.js" in page.text
     assert "cdn" not in page.text.lower()
     assert "https://" not in page.text
+
+
+def test_swagger_bundle_goes_out_compressed(production: tuple[str, Path]) -> None:
+    base, static_root = production
+    asset = "ninja/swagger-ui-bundle.js"
+    response = httpx.get(
+        f"{base}/static/{asset}", headers={"Accept-Encoding": "gzip"}, timeout=5
+    )
+    assert response.headers["content-encoding"] == "gzip"
+    wire = int(response.headers["content-length"])
+    assert wire == (static_root / f"{asset}.gz").stat().st_size
+    assert wire < (static_root / asset).stat().st_size // 2
+    assert response.content == (static_root / asset).read_bytes()
