@@ -49,18 +49,18 @@ admin.site.index_template = "admin/effect_broker/index.html"
 class EffectIntentAdmin(ReadOnlyAdmin):
     """Effects: a coloured changelist, the operator queue, and the effect page."""
 
+    # Status and age first: they are what an operator scans for (issue 11).
     list_display = (
+        "status_badge",
+        "age",
         "operation_key",
         "tenant",
         "tool",
         "contract",
         "safety_class",
-        "status_badge",
-        "age",
-        "version",
-        "updated_at",
         "resolve_link",
     )
+    list_display_links = ("operation_key",)
     readonly_fields = ("fork_links",)
     # What an operator reads first stays open; the rest of the row is one click away,
     # so the timeline and the choices below are not pushed off the first screen.

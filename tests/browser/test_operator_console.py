@@ -19,6 +19,7 @@ from django.contrib.staticfiles.testing import StaticLiveServerTestCase
 
 from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import EffectEvent, EffectFork
+from effect_broker.services.dispatch import dispatch
 from effect_broker.store import load_effect_for_worker
 from tests.browser.chromium import SCREENSHOTS, start_chromium, unavailable_reason
 from tests.integration.engine.harness import Bench, engine_bench
@@ -98,14 +99,28 @@ class OperatorConsoleInChromium(StaticLiveServerTestCase):
     # --- tests --------------------------------------------------------------------
 
     def test_queue_effect_page_and_resolve(self) -> None:
-        # Given an unsafe effect whose response was lost
+        # Given an unsafe effect whose response was lost, and one that succeeded
         unknown = self.bench.unknown_outcome(SafetyClass.UNSAFE)
+        done = self.bench.submit(SafetyClass.IDEMPOTENT)
+        assert dispatch(done.effect_id, worker="w1").status is S.SUCCEEDED
         self.log_in()
         # The index counts it
         count = self.wait_for("#operator-queue-count")
         assert count.text == "1"
         self.shot("1-index")
+        # The changelist paints it red ("needs operator"), and a settled effect grey
+        self.open("/admin/effect_broker/effectintent/")
+        badges = {
+            b.text: b.value_of_css_property("background-color")
+            for b in self.find_all("#result_list .eb-status")
+        }
+        assert badges == {
+            "Needs operator": "rgba(186, 33, 33, 1)",
+            "Settled": "rgba(0, 0, 0, 0)",
+        }
+        self.shot("2-changelist")
         # The queue lists it, red, with its age
+        self.open("/admin/")
         self.submit("#operator-queue-summary a")
         rows = self.find_all("#operator-queue tbody tr")
         assert [r.get_attribute("data-effect-id") for r in rows] == [unknown.effect_id]
@@ -114,7 +129,7 @@ class OperatorConsoleInChromium(StaticLiveServerTestCase):
         # The console's CSS reached the browser: red for "needs an operator"
         assert badge.value_of_css_property("background-color") == "rgba(186, 33, 33, 1)"
         assert badge.text == "Needs operator"
-        self.shot("2-queue")
+        self.shot("3-queue")
         # The effect page: chain verified, timeline, attempts; requeue closed (unsafe)
         self.submit("#operator-queue tbody tr td a")
         assert self.wait_for("#chain-result").text.startswith("Verified:")
@@ -123,7 +138,7 @@ class OperatorConsoleInChromium(StaticLiveServerTestCase):
         assert len(self.find_all("#effect-attempts tbody tr")) == 1
         requeue = self.find("#resolve-form input[value=not_committed]")
         assert not requeue.is_enabled()
-        self.shot("3-effect-page")
+        self.shot("4-effect-page")
         # Resolve it: proof of success, with a reason and evidence
         self.find("#resolve-form input[value=succeeded]").click()
         self.find("#resolve-form #id_reason").send_keys("charge ch_9 seen in dashboard")
@@ -136,7 +151,7 @@ class OperatorConsoleInChromium(StaticLiveServerTestCase):
         assert self.wait_for("#effect-status").text == "Settled"
         assert "outcome_unknown -> succeeded" in self.find("ul.messagelist").text
         assert "charge ch_9 seen in dashboard" in self.find("#effect-timeline").text
-        self.shot("4-resolved")
+        self.shot("5-resolved")
         after = load_effect_for_worker(unknown.effect_id)
         assert after.status is S.SUCCEEDED
         last = EffectEvent.objects.filter(effect_id=unknown.effect_id).last()
