@@ -17,6 +17,7 @@ from config.environment import (
     load_master_key,
     refuse_unsafe_production,
 )
+from config.transport_security import transport_security
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -50,6 +51,10 @@ refuse_unsafe_production(
     debug=DEBUG,
     secret_key=SECRET_KEY,
 )
+
+# HTTPS: redirect, HSTS and secure cookies by default in production (config/
+# transport_security.py; `check --deploy` reports nothing).
+globals().update(transport_security(production=PRODUCTION))
 
 INSTALLED_APPS = [
     "django.contrib.admin",
