@@ -141,6 +141,19 @@ def _positive_int(name: str, default: int) -> int:
     return int(raw)
 
 
+def _non_negative(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also refuses NaN
+        from effect_broker.domain.errors import ConfigurationError
+
+        raise ConfigurationError(f"{name} must be a number >= 0, got {raw!r}")
+    return value
+
+
 #: Largest request body accepted, in bytes (effect_broker.api.body_limit refuses a
 #: larger one with 413 before reading it; issue 12). Django's own limit is the same
 #: figure, so a body that reaches Django some other way (WSGI) is refused alike.
@@ -152,6 +165,14 @@ EFFECT_BROKER_ARGUMENT_LIMITS = {
     "max_depth": _positive_int("EFFECT_BROKER_MAX_ARGUMENT_DEPTH", 20),
     "max_string_length": _positive_int("EFFECT_BROKER_MAX_ARGUMENT_STRING_LENGTH", 65536),
 }
+#: Per-tenant submits per second in each API process (0 turns the limit off) and the
+#: burst a quiet tenant may spend at once (effect_broker.api.rate_limit; issue 12).
+EFFECT_BROKER_TENANT_SUBMIT_RATE = _non_negative(
+    "EFFECT_BROKER_TENANT_SUBMIT_RATE", 100.0
+)
+EFFECT_BROKER_TENANT_SUBMIT_BURST = _non_negative(
+    "EFFECT_BROKER_TENANT_SUBMIT_BURST", 2 * EFFECT_BROKER_TENANT_SUBMIT_RATE
+)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"

@@ -15,6 +15,7 @@ from ninja import Field, Query, Router, Schema, Status
 from ninja.security import HttpBearer
 from pydantic import ConfigDict
 
+from effect_broker.api.rate_limit import submit_limiter
 from effect_broker.api.schemas import EffectOut, effect_out, with_problems
 from effect_broker.domain.keys import MAX_OPERATION_KEY_LENGTH
 from effect_broker.domain.records import (
@@ -35,6 +36,17 @@ class ApiKeyAuth(HttpBearer):
 
     def authenticate(self, request: HttpRequest, token: str) -> Tenant:
         return authenticate(token)
+
+
+class SubmitKeyAuth(ApiKeyAuth):
+    """The tenant key, then the tenant's submit rate limit: charged here, before the
+    body is parsed, so a refused submit costs what a refused key does."""
+
+    def authenticate(self, request: HttpRequest, token: str) -> Tenant:
+        tenant = authenticate(token)
+        if (limiter := submit_limiter()) is not None:
+            limiter.charge(str(tenant.pk))
+        return tenant
 
 
 router = Router(auth=ApiKeyAuth(), tags=["effects"])
@@ -117,8 +129,9 @@ class ReceiptOut(Schema):
 
 @router.post(
     "/v1/effects",
-    response=with_problems({200: EffectOut, 202: EffectOut}, 403, 409, 415),
+    response=with_problems({200: EffectOut, 202: EffectOut}, 403, 409, 415, 429),
     summary="Reserve an effect (202 new, 200 replay, 409 payload drift)",
+    auth=SubmitKeyAuth(),
 )
 def submit_effect(request: HttpRequest, body: SubmitIn) -> Status[dict[str, Any]]:
     reservation = submit(

@@ -261,6 +261,13 @@ class EmbeddedPostgresUnavailable(BrokerError):
     mirrors = domain.EmbeddedPostgresError
 
 
+class RateLimited(BrokerError):
+    """The tenant submitted faster than its limit and the broker did nothing (429 with
+    ``Retry-After``). The client waits and resends with the same operation key."""
+
+    mirrors = domain.RateLimitedError
+
+
 class Overloaded(BrokerError):
     """The broker was at capacity and did no work for this request (503 with
     ``Retry-After``). The client resends it like any 5xx: with the same operation key

@@ -298,6 +298,17 @@ class CredentialInQueryError(EffectBrokerError):
     http_status = 400
 
 
+class RateLimitedError(EffectBrokerError):
+    """This tenant is submitting faster than its limit; nothing was done, retry after
+    the ``Retry-After`` seconds with the same operation key.
+
+    Refused before the body is parsed, so one tenant's flood costs the others little.
+    """
+
+    code = "rate_limited"
+    http_status = 429
+
+
 class OperatorForbiddenError(EffectBrokerError):
     """This credential may not act as an operator.
 

@@ -135,6 +135,9 @@ class ApiServer:
         full_env = {
             **env,
             **variant.env,
+            # One tenant drives every request here: the per-tenant submit limit
+            # (issue 12) would measure the limiter, not the path. Off for both servers.
+            "EFFECT_BROKER_TENANT_SUBMIT_RATE": "0",
             "DATABASE_URL": f"{url}{sep}application_name={self.application_name}",
         }
         self.process = subprocess.Popen(

@@ -57,6 +57,7 @@ EXPECTED = {
     "TenantDisabledError": ("tenant_disabled", 403),
     "AuthenticationError": ("unauthenticated", 401),
     "CredentialInQueryError": ("credential_in_query", 400),
+    "RateLimitedError": ("rate_limited", 429),
     "OperatorForbiddenError": ("operator_forbidden", 403),
     "InvalidRequestError": ("invalid_request", 400),
     "ConfigurationError": ("configuration", 500),
