@@ -18,6 +18,7 @@ from pydantic import ConfigDict
 from effect_broker.api.rate_limit import submit_limiter
 from effect_broker.api.schemas import EffectOut, effect_out, with_problems
 from effect_broker.domain.keys import MAX_OPERATION_KEY_LENGTH
+from effect_broker.domain.rate_limit import submit_cost
 from effect_broker.domain.records import (
     MAX_REQUESTED_BY_LENGTH,
     MAX_TOOL_LENGTH,
@@ -45,8 +46,15 @@ class SubmitKeyAuth(ApiKeyAuth):
     def authenticate(self, request: HttpRequest, token: str) -> Tenant:
         tenant = authenticate(token)
         if (limiter := submit_limiter()) is not None:
-            limiter.charge(str(tenant.pk))
+            limiter.charge(str(tenant.pk), submit_cost(_declared_length(request)))
         return tenant
+
+
+def _declared_length(request: HttpRequest) -> int:
+    # The body-size middleware has already refused a length over the limit, and a
+    # chunked body past it; a missing or odd header counts as an empty body.
+    raw = request.META.get("CONTENT_LENGTH") or "0"
+    return int(raw) if raw.isdigit() else 0
 
 
 router = Router(auth=ApiKeyAuth(), tags=["effects"])

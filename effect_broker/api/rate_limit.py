@@ -3,7 +3,8 @@
 Four clients of one tenant sending maximal submits pushed every other caller's
 latency up by two orders of magnitude. The limit is charged at authentication, before
 the body is parsed, canonicalised, encrypted or written, so a refused submit costs
-about what a refused key does.
+about what a refused key does. A submit costs one token plus one per 16 KiB of body
+(domain/rate_limit.py), because a large submit costs the process that much more.
 
 The buckets live in the API process: with N processes the tenant's ceiling is N times
 the setting (README "Configuration"). Keeping the count in PostgreSQL would make the
@@ -35,8 +36,8 @@ class TenantRateLimiter:
         self._buckets: dict[str, TokenBucket] = {}
         self._lock = threading.Lock()
 
-    def charge(self, tenant_id: str) -> None:
-        """Take one submit from the tenant's bucket; raise ``RateLimitedError`` if empty.
+    def charge(self, tenant_id: str, cost: float = 1.0) -> None:
+        """Take ``cost`` from the tenant's bucket; raise ``RateLimitedError`` if short.
 
         Buckets are kept per authenticated tenant, so their number is bounded by the
         tenants that exist, never by what a client sends.
@@ -46,11 +47,12 @@ class TenantRateLimiter:
             bucket = self._buckets.get(tenant_id)
             if bucket is None:
                 bucket = self._buckets[tenant_id] = TokenBucket(self._limit, now)
-            wait = bucket.take(now)
+            wait = bucket.take(now, cost)
         if wait > 0:
             seconds = retry_after_seconds(wait)
             raise RateLimitedError(
-                f"more than {self._limit.rate:g} submits per second for this tenant; "
+                f"this tenant is over its submit rate ({self._limit.rate:g} per second, "
+                f"a large body counting as several); "
                 f"retry in {seconds} s with the same operation key",
                 retry_after_seconds=seconds,
             )

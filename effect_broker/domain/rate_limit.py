@@ -32,15 +32,27 @@ class TokenBucket:
         self._tokens = limit.burst
         self._updated = now
 
-    def take(self, now: float) -> float:
-        """Take one token. Return 0.0 when granted, else the seconds until one is."""
+    def take(self, now: float, cost: float = 1.0) -> float:
+        """Take ``cost`` tokens. Return 0.0 when granted, else the seconds until they
+        would be. A cost above the burst is charged as the burst, so it can succeed."""
+        cost = min(max(cost, 0.0), self._limit.burst)
         elapsed = max(0.0, now - self._updated)
         self._tokens = min(self._limit.burst, self._tokens + elapsed * self._limit.rate)
         self._updated = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
+        if self._tokens >= cost:
+            self._tokens -= cost
             return 0.0
-        return (1.0 - self._tokens) / self._limit.rate
+        return (cost - self._tokens) / self._limit.rate
+
+
+#: A submit costs one token plus one per this many body bytes: a maximal submit
+#: (~256 KiB) costs what 17 small ones do, which is roughly what it costs to handle.
+BYTES_PER_TOKEN = 16 * 1024
+
+
+def submit_cost(body_bytes: int) -> float:
+    """Tokens one submit of ``body_bytes`` takes."""
+    return 1.0 + max(0, body_bytes) // BYTES_PER_TOKEN
 
 
 def retry_after_seconds(wait: float) -> int:

@@ -96,3 +96,21 @@ def test_a_rate_of_zero_turns_the_limit_off() -> None:
     client = Client()
     key = create_tenant("bulk")[1]
     assert {submit(client, key, n).status_code for n in range(5)} == {202}
+
+
+@limit(rate=1, burst=20)
+def test_a_large_body_spends_the_budget_of_many_small_ones() -> None:
+    client = Client()
+    key = create_tenant("bulky")[1]
+    arguments = {"order": "1", "amount_minor": 100, "currency": "EUR"}
+    arguments |= {f"note_{i}": "x" * 200 for i in range(500)}  # ~110 KB: 7 tokens
+    bodies = [
+        json.dumps(
+            {"operation_key": f"bulk:{n}", "tool": "charge_card", "arguments": arguments}
+        )
+        for n in range(3)
+    ]
+    statuses = [
+        submit(client, key, n, body=body).status_code for n, body in enumerate(bodies)
+    ]
+    assert statuses == [202, 202, 429]  # 20 tokens: two large submits, not twenty

@@ -6,7 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from effect_broker.domain.rate_limit import RateLimit, TokenBucket, retry_after_seconds
+from effect_broker.domain.rate_limit import (
+    RateLimit,
+    TokenBucket,
+    retry_after_seconds,
+    submit_cost,
+)
 
 
 def test_a_new_bucket_grants_its_burst_then_refuses() -> None:
@@ -60,3 +65,18 @@ def test_grants_never_exceed_burst_plus_rate_times_elapsed(
         now += gap
         granted += bucket.take(now) == 0.0
     assert granted <= burst + rate * now + 1e-6
+
+
+def test_a_large_submit_costs_more_than_a_small_one() -> None:
+    assert submit_cost(0) == 1
+    assert submit_cost(300) == 1
+    assert submit_cost(256 * 1024) == 17
+    bucket = TokenBucket(RateLimit(rate=10, burst=20), now=0.0)
+    assert bucket.take(0.0, submit_cost(256 * 1024)) == 0.0
+    assert bucket.take(0.0, submit_cost(256 * 1024)) == pytest.approx(1.4)
+
+
+def test_a_cost_above_the_burst_can_still_be_granted() -> None:
+    bucket = TokenBucket(RateLimit(rate=1, burst=5), now=0.0)
+    assert bucket.take(0.0, 50) == 0.0
+    assert bucket.take(0.0, 50) == pytest.approx(5.0)
