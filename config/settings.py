@@ -173,6 +173,10 @@ EFFECT_BROKER_TENANT_SUBMIT_RATE = _non_negative(
 EFFECT_BROKER_TENANT_SUBMIT_BURST = _non_negative(
     "EFFECT_BROKER_TENANT_SUBMIT_BURST", 2 * EFFECT_BROKER_TENANT_SUBMIT_RATE
 )
+#: Directory of per-tenant secret files that {"$secret": "file:NAME"} arguments name
+#: (<dir>/<tenant id>/NAME); unset: file references are unavailable. Env references
+#: read EFFECT_BROKER_SECRET_<NAME> (effect_broker/services/secrets.py).
+EFFECT_BROKER_SECRETS_DIR = os.environ.get("EFFECT_BROKER_SECRETS_DIR", "").strip()
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"

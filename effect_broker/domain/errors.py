@@ -150,6 +150,26 @@ class DisallowedHostError(EffectBrokerError):
     http_status = 400
 
 
+class InvalidSecretRefError(EffectBrokerError):
+    """A secret reference is malformed: write {"$secret": "env:NAME"} or
+    {"$secret": "file:NAME"}."""
+
+    code = "invalid_secret_ref"
+    http_status = 422
+
+
+class SecretUnavailableError(EffectBrokerError):
+    """The dispatching worker cannot find a secret an effect refers to; nothing was
+    sent.
+
+    Recorded as the effect's terminal reason before any attempt starts, never answered
+    over HTTP: a submit does not look secrets up.
+    """
+
+    code = "secret_unavailable"
+    http_status = 500
+
+
 class PayloadConflictError(EffectBrokerError):
     """This operation_key was already used with a different payload or contract."""
 

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from effect_broker.domain.canonical import MAX_SAFE_INTEGER
 from effect_broker.domain.errors import ConfigurationError, DecryptionError
 from effect_broker.domain.keys import MASTER_KEY_BYTES
+from effect_broker.domain.secret_refs import is_well_formed_ref
 
 NONCE_BYTES = 12
 """AES-GCM nonce length (96 bits, random per encryption)."""
@@ -119,6 +120,8 @@ def decrypt(
 
 
 def _is_previewable(value: object) -> bool:
+    if is_well_formed_ref(value):
+        return True  # a reference names a secret and holds none (domain/secret_refs)
     if value is None or isinstance(value, bool):
         return True
     if isinstance(value, int):

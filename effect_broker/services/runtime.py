@@ -26,6 +26,8 @@ from effect_broker.domain.errors import ConfigurationError
 from effect_broker.domain.keys import derive_tenant_hmac_key
 from effect_broker.domain.payload_crypto import Keyring
 from effect_broker.scheduling import ProcrastinateScheduler
+from effect_broker.services import secrets
+from effect_broker.services.secrets import SecretSource
 
 if TYPE_CHECKING:
     from effect_broker.adapters.base import EffectAdapter
@@ -82,6 +84,8 @@ class Runtime:
     adapter_for: Callable[[EffectContract], EffectAdapter]
     timing: EngineTiming
     argument_limits: ArgumentLimits = field(default_factory=ArgumentLimits)
+    #: Where a dispatching worker finds referenced secrets (services/secrets.py).
+    secrets: SecretSource = field(default_factory=SecretSource)
 
     def tenant_hmac_key(self, hmac_key_id: str) -> bytes:
         """Derive a tenant's downstream-key HMAC key from the master key."""
@@ -115,6 +119,7 @@ def _build() -> Runtime:
             redefer_grace=timedelta(seconds=timing["redefer_grace_seconds"]),
         ),
         argument_limits=ArgumentLimits(**settings.EFFECT_BROKER_ARGUMENT_LIMITS),
+        secrets=secrets.from_settings(),
     )
 
 
@@ -136,6 +141,7 @@ def override(
     scheduler: Scheduler | None = None,
     adapter_for: Callable[[EffectContract], EffectAdapter] | None = None,
     timing: EngineTiming | None = None,
+    secrets: SecretSource | None = None,
 ) -> Iterator[Runtime]:
     """Temporarily replace collaborators (tests, simulations); restores them after."""
     global _current
@@ -146,6 +152,7 @@ def override(
         "scheduler": scheduler,
         "adapter_for": adapter_for,
         "timing": timing,
+        "secrets": secrets,
     }
     changed = replace(previous, **{k: v for k, v in changes.items() if v is not None})
     _current = changed

@@ -58,6 +58,8 @@ EXPECTED = {
     "AuthenticationError": ("unauthenticated", 401),
     "CredentialInQueryError": ("credential_in_query", 400),
     "RateLimitedError": ("rate_limited", 429),
+    "InvalidSecretRefError": ("invalid_secret_ref", 422),
+    "SecretUnavailableError": ("secret_unavailable", 500),
     "OperatorForbiddenError": ("operator_forbidden", 403),
     "InvalidRequestError": ("invalid_request", 400),
     "ConfigurationError": ("configuration", 500),
