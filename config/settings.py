@@ -14,7 +14,7 @@ from config import capacity
 from config.database import choose_database
 from config.environment import (
     env_bool,
-    load_master_key,
+    load_master_keys,
     refuse_unsafe_production,
 )
 from config.transport_security import transport_security
@@ -37,8 +37,16 @@ ALLOWED_HOSTS = [
     if h.strip()
 ]
 
-#: 32-byte root key for payload encryption and per-tenant HMAC keys (base64).
-EFFECT_BROKER_MASTER_KEY: bytes | None = load_master_key(BASE_DIR, production=PRODUCTION)
+#: The master keyring (domain/master_keys.py): the last key encrypts new payloads,
+#: each key decrypts what it wrote; the file it came from, when it can be rotated.
+EFFECT_BROKER_MASTER_KEYS, EFFECT_BROKER_MASTER_KEY_PATH = load_master_keys(
+    BASE_DIR, production=PRODUCTION
+)
+#: The hashing root (the keyring's first key): request-hash and per-tenant HMAC keys
+#: are derived from it.
+EFFECT_BROKER_MASTER_KEY: bytes | None = (
+    EFFECT_BROKER_MASTER_KEYS.hash_root if EFFECT_BROKER_MASTER_KEYS else None
+)
 #: Path of the versioned tool-contract file (TOML).
 EFFECT_BROKER_CONTRACTS = os.environ.get(
     "EFFECT_BROKER_CONTRACTS", str(BASE_DIR / "examples" / "contracts.toml")

@@ -24,7 +24,7 @@ from effect_broker.domain.contracts import (
 )
 from effect_broker.domain.errors import ConfigurationError
 from effect_broker.domain.keys import derive_tenant_hmac_key
-from effect_broker.domain.payload_crypto import Keyring
+from effect_broker.domain.payload_crypto import Keyring, derive_payload_key
 from effect_broker.scheduling import ProcrastinateScheduler
 from effect_broker.services import secrets
 from effect_broker.services.secrets import SecretSource
@@ -96,6 +96,18 @@ _lock = threading.Lock()
 _current: Runtime | None = None
 
 
+def _payload_keyring(hash_root: bytes) -> Keyring:
+    """Data keys for every master key in the keyring (settings.EFFECT_BROKER_MASTER_KEYS),
+    the current one active; just the one key when settings were built without it."""
+    keys = getattr(settings, "EFFECT_BROKER_MASTER_KEYS", None)
+    if keys is None:
+        return Keyring.from_master_key(hash_root)
+    return Keyring(
+        active_key_id=keys.current_id,
+        keys={kid: derive_payload_key(master, kid) for kid, master in keys.entries},
+    )
+
+
 def _build() -> Runtime:
     master = settings.EFFECT_BROKER_MASTER_KEY
     if master is None:
@@ -106,7 +118,7 @@ def _build() -> Runtime:
     return Runtime(
         registry=load_contracts(settings.EFFECT_BROKER_CONTRACTS),
         master_key=master,
-        keyring=Keyring.from_master_key(master),
+        keyring=_payload_keyring(master),
         clock=SystemClock(),
         scheduler=ProcrastinateScheduler(),
         adapter_for=build_adapter,
