@@ -28,6 +28,7 @@ from effect_broker.domain.records import (
 from effect_broker.domain.states import EffectStatus
 from effect_broker.models import Tenant
 from effect_broker.services import inspection, resolution
+from effect_broker.services.inspection import MAX_PAGE
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import authenticate
 
@@ -85,7 +86,9 @@ class ListFilters(Schema):
     status: EffectStatus | None = None
     tool: str | None = None
     operation_prefix: str | None = None
-    limit: int = 50
+    #: A page is bounded (issue 12): at most MAX_PAGE effects, each with a preview
+    #: bounded by its contract; a larger limit is a 422, not a silent clamp.
+    limit: int = Field(50, ge=1, le=MAX_PAGE)
 
 
 class ReconcileOut(EffectOut):

@@ -114,3 +114,13 @@ def test_a_large_body_spends_the_budget_of_many_small_ones() -> None:
         submit(client, key, n, body=body).status_code for n, body in enumerate(bodies)
     ]
     assert statuses == [202, 202, 429]  # 20 tokens: two large submits, not twenty
+
+
+def test_a_list_page_is_bounded_and_a_larger_limit_is_refused() -> None:
+    client = Client()
+    key = create_tenant("reader")[1]
+    auth = {"Authorization": f"Bearer {key}"}
+    assert client.get("/v1/effects?limit=500", headers=auth).status_code == 200
+    refused = client.get("/v1/effects?limit=501", headers=auth)
+    assert refused.status_code == 422
+    assert refused.json()["field"] == "query.limit"
