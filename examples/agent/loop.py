@@ -85,6 +85,7 @@ class Delivery:
     """What one delivered copy of a call ended with."""
 
     call_id: str
+    tool: str
     copy: int
     operation_key: str
     asks: int
@@ -285,6 +286,7 @@ class AgentLoop:
         record.deliveries.append(
             Delivery(
                 call_id=call.id,
+                tool=call.name,
                 copy=copy,
                 operation_key=key,
                 asks=asks,

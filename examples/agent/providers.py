@@ -219,8 +219,15 @@ class OpenAIProvider:
     base_url: str | None = None
 
     def __init__(
-        self, *, model: str | None = None, api_key: str | None = None, client: Any = None
+        self,
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        client: Any = None,
+        http_client: Any = None,
     ) -> None:
+        """``client``: a ready ``AsyncOpenAI``; else one is made from the API key
+        (argument or environment variable) and ``http_client`` (the SDK's own)."""
         self.model = model or os.environ.get(self.model_variable) or self.default_model
         if client is None:
             key = api_key or os.environ.get(self.key_variable, "")
@@ -235,7 +242,12 @@ class OpenAIProvider:
                 ) from exc
             # max_retries=0: the SDK's own resends are not ours to hide; a failed
             # model call fails the turn, and nothing about it reaches the broker.
-            client = AsyncOpenAI(api_key=key, base_url=self.base_url, max_retries=0)
+            client = AsyncOpenAI(
+                api_key=key,
+                base_url=self.base_url,
+                max_retries=0,
+                http_client=http_client,
+            )
         self.client = client
 
     async def next_turn(
