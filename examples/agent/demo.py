@@ -180,7 +180,7 @@ def run_agent_demo(out: TextSink, *, keep_database: bool = False, copies: int = 
         contracts = workdir / "contracts.toml"
         contracts.write_text(contracts_toml(target.url), encoding="utf-8")
         run_id = f"demo-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        tenant, api_key = create_tenant(f"demo-agent-{run_id}")
+        tenant, api_key = create_tenant(f"agent-{run_id}")
         key = agent_key(run_id, CHARGE_CALL_ID)
         say(
             f"[3/{STEPS}] tenant {tenant.name} with an API key; contracts file with the "
@@ -281,10 +281,13 @@ def _verdict(
     for charge in charges:
         say(f"      {charge.id}  mode={charge.mode}  key={charge.key}")
     requests = int(target.stats()["requests"])
-    say(
-        f"      the service received {requests} charge request(s) for it: the first "
-        "committed; a resend with the same Idempotency-Key got that same charge back"
-    )
+    if requests > 1:
+        say(
+            f"      the service received {requests} charge requests: the first "
+            "committed; each resend under the same Idempotency-Key got that charge back"
+        )
+    else:
+        say(f"      the service received {requests} charge request(s)")
     say(f"TARGET CHARGE COUNT: {len(charges)}")
     receipt: dict[str, Any] | None = None
     if record.receipt_id is not None:
