@@ -30,22 +30,24 @@ from django.db import connection, connections
 
 from config.database import url_from_settings
 from effect_broker import failpoints, store
-from effect_broker.keys import agent_key
 from effect_broker.models import Tenant
 from effect_broker.services import inspection
 from effect_broker.services.tenants import create_tenant
 from examples.agent.loop import AgentLoop, AgentRun, DeliveryPolicy, broker_session
-from examples.agent.providers import ScriptedProvider
+from examples.agent.providers import ModelProvider, ScriptedProvider, ToolCall
 from examples.crash_matrix.rig import create_scratch_database, drop_scratch_database
 from examples.crash_matrix.target_client import TargetProcess, start_target
 from examples.crash_matrix.workers import WorkerProcess, broker_env
 
 PROMPT = "charge order 42"
+#: A live model has no order book: it is told the amount the script knows.
+LIVE_PROMPT = (
+    "Charge order 42: EUR 19.99, that is amount_minor 1999 in currency EUR. Then read "
+    "the receipt and tell me the target's charge id."
+)
 CHARGE_TOOL = "charge_order"
 TARGET_SCHEMA = "agent_demo_target"
 FAILPOINT = "after_target_commit"
-#: The scripted model's charge call (its id is fixed: see ScriptedProvider).
-CHARGE_CALL_ID = "call-1"
 STEPS = 7
 #: How long one MCP call waits for settlement before answering "still running".
 MCP_WAIT_SECONDS = "15"
@@ -98,9 +100,11 @@ class KillWatch:
 
     env: dict[str, str]
     fp_dir: Path
-    subject: str
+    tenant_id: str
     say: Callable[[str], None]
     workers: list[WorkerProcess] = field(default_factory=list)
+    #: The failpoint's subject (tenant/operation key), once the loop derived the key.
+    subject: str | None = None
     killed_pid: int | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -113,12 +117,24 @@ class KillWatch:
         self._thread.start()
         return first
 
+    def arm(self, call: ToolCall, key: str) -> None:
+        """Arm the failpoint for the first charge call's key (the loop's hook: it runs
+        before that call's first delivery, whatever model made the call)."""
+        if call.name != CHARGE_TOOL or self.subject is not None:
+            return
+        self.subject = f"{self.tenant_id}/{key}"
+        failpoints.arm(self.fp_dir, self.subject, FAILPOINT)
+        self.say(f"      failpoint {FAILPOINT} armed for {key} (in workers only)")
+
     def _watch(self) -> None:
         first = self.workers[0]
         while not self._stop.wait(0.1):
             if first.alive():
                 continue
-            self.killed_pid = failpoints.fired_by(self.fp_dir, self.subject, FAILPOINT)
+            if self.subject is not None:
+                self.killed_pid = failpoints.fired_by(
+                    self.fp_dir, self.subject, FAILPOINT
+                )
             code = first.process.returncode
             if self.killed_pid == first.pid:
                 self.say(
@@ -141,8 +157,16 @@ class KillWatch:
             worker.stop(timeout=10)
 
 
-def run_agent_demo(out: TextSink, *, keep_database: bool = False, copies: int = 3) -> int:
-    """Run the demo; return its exit code (0 only if the target holds one charge)."""
+def run_agent_demo(
+    out: TextSink,
+    *,
+    provider: ModelProvider | None = None,
+    keep_database: bool = False,
+    copies: int = 3,
+) -> int:
+    """Run the demo with ``provider`` (default: the scripted model); return its exit
+    code (0 only if the target holds exactly one charge)."""
+    model = provider or ScriptedProvider(charge_tool=CHARGE_TOOL)
     lock = threading.Lock()
 
     def say(text: str) -> None:
@@ -181,14 +205,11 @@ def run_agent_demo(out: TextSink, *, keep_database: bool = False, copies: int = 
         contracts.write_text(contracts_toml(target.url), encoding="utf-8")
         run_id = f"demo-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
         tenant, api_key = create_tenant(f"agent-{run_id}")
-        key = agent_key(run_id, CHARGE_CALL_ID)
         say(
             f"[3/{STEPS}] tenant {tenant.name} with an API key; contracts file with the "
             f"proxy tool {CHARGE_TOOL} (contract demo.charge-order v1, idempotent)"
         )
         fp_dir = workdir / "failpoints"
-        subject = f"{tenant.id}/{key}"
-        failpoints.arm(fp_dir, subject, FAILPOINT)
         master_key = settings.EFFECT_BROKER_MASTER_KEY
         assert master_key is not None  # settings refuse to start without one
         env = broker_env(
@@ -197,15 +218,15 @@ def run_agent_demo(out: TextSink, *, keep_database: bool = False, copies: int = 
             master_key,
             extra={"EFFECT_BROKER_FAILPOINT_DIR": str(fp_dir)},
         )
-        watch = KillWatch(env, fp_dir, subject, say)
+        watch = KillWatch(env, fp_dir, str(tenant.id), say)
         first = watch.start()
         say(
             f"[4/{STEPS}] worker w1 (pid {first.pid}) started; failpoint {FAILPOINT} "
-            "armed for this run's charge only"
+            "to be armed for this run's charge only, once the loop has its key"
         )
         connections.close_all()  # nothing of ours holds a connection during the run
         say(
-            f"[5/{STEPS}] agent (scripted model) as an MCP client of "
+            f"[5/{STEPS}] agent ({model.name} model) as an MCP client of "
             "`effect-broker mcp --transport stdio`:"
         )
         server_env = {
@@ -216,15 +237,14 @@ def run_agent_demo(out: TextSink, *, keep_database: bool = False, copies: int = 
         # The server process must not fire the failpoint: only workers dispatch.
         server_env.pop("EFFECT_BROKER_FAILPOINT_DIR", None)
         server_log = workdir / "mcp-server.log"
-        run = anyio.run(
-            _run_agent,
-            server_env,
-            server_log,
-            run_id,
-            copies,
-            lambda t: say(f"      {t}"),
-        )
-        return _verdict(say, started, tenant, key, target, watch, run, copies)
+        loop_options = {
+            "run_id": run_id,
+            "policy": DeliveryPolicy(copies=copies, settle_timeout=90.0),
+            "on_event": lambda text: say(f"      {text}"),
+            "before_delivery": watch.arm,
+        }
+        run = anyio.run(_run_agent, server_env, server_log, model, loop_options)
+        return _verdict(say, started, tenant, target, watch, run, copies)
     finally:
         if watch is not None:
             watch.stop()
@@ -242,41 +262,41 @@ def run_agent_demo(out: TextSink, *, keep_database: bool = False, copies: int = 
 async def _run_agent(
     env: dict[str, str],
     log_path: Path,
-    run_id: str,
-    copies: int,
-    on_event: Callable[[str], None],
+    model: ModelProvider,
+    loop_options: dict[str, Any],
 ) -> AgentRun:
     with log_path.open("w", encoding="utf-8") as errlog:
         async with broker_session(env, errlog=errlog) as session:
             tools = (await session.list_tools()).tools
-            on_event("tools listed: " + ", ".join(tool.name for tool in tools))
-            loop = AgentLoop(
-                session,
-                ScriptedProvider(charge_tool=CHARGE_TOOL),
-                run_id=run_id,
-                policy=DeliveryPolicy(copies=copies, settle_timeout=90.0),
-                on_event=on_event,
+            loop_options["on_event"](
+                "tools listed: " + ", ".join(tool.name for tool in tools)
             )
-            return await loop.run(PROMPT)
+            prompt = PROMPT if isinstance(model, ScriptedProvider) else LIVE_PROMPT
+            return await AgentLoop(session, model, **loop_options).run(prompt)
 
 
 def _verdict(
     say: Callable[[str], None],
     started: float,
     tenant: Tenant,
-    key: str,
     target: TargetProcess,
     watch: KillWatch,
     run: AgentRun,
     copies: int,
 ) -> int:
-    record = store.reads.get_effect_by_key(str(tenant.id), key)
+    delivered = [d for d in run.deliveries if d.tool == CHARGE_TOOL]
+    calls = sorted({d.call_id for d in delivered})
     charges = target.charges()
-    under_key = target.count_by_key("idempotent", record.downstream_key)
+    record = (
+        store.reads.get_effect_by_key(str(tenant.id), delivered[0].operation_key)
+        if delivered
+        else None
+    )
+    under_key = target.count_by_key("idempotent", record.downstream_key) if record else 0
     say(
         f"[6/{STEPS}] the target's own table {TARGET_SCHEMA}.charges: {len(charges)} "
         f"row(s); {under_key} under this effect's Idempotency-Key "
-        f"{record.downstream_key}"
+        f"{record.downstream_key if record else '(no charge call)'}"
     )
     for charge in charges:
         say(f"      {charge.id}  mode={charge.mode}  key={charge.key}")
@@ -290,7 +310,7 @@ def _verdict(
         say(f"      the service received {requests} charge request(s)")
     say(f"TARGET CHARGE COUNT: {len(charges)}")
     receipt: dict[str, Any] | None = None
-    if record.receipt_id is not None:
+    if record is not None and record.receipt_id is not None:
         found = inspection.get_receipt(tenant, record.effect_id)
         receipt = {
             "receipt_id": found.receipt_id,
@@ -301,7 +321,8 @@ def _verdict(
             "result": dict(found.result),
             "attempts": record.attempt_count,
         }
-    say(f"[7/{STEPS}] receipt (status {record.status.value}):")
+    status = record.status.value if record else "no effect"
+    say(f"[7/{STEPS}] receipt (status {status}):")
     for line in (
         json.dumps(receipt, indent=2, sort_keys=True) if receipt else "none"
     ).splitlines():
@@ -311,8 +332,11 @@ def _verdict(
         problems.append(f"the target holds {len(charges)} charges, not 1")
     if watch.killed_pid is None or watch.killed_pid != watch.workers[0].pid:
         problems.append(f"no worker was killed at {FAILPOINT}")
-    delivered = [d for d in run.deliveries if d.call_id == CHARGE_CALL_ID]
-    if len(delivered) != copies:
+    if len(calls) != 1:
+        # A model that asks for two charges asked for two operations (two call ids,
+        # two keys): that is the model's decision, and the demo's claim does not hold.
+        problems.append(f"the model made {len(calls)} {CHARGE_TOOL} calls, not 1")
+    elif len(delivered) != copies:
         problems.append(f"{len(delivered)} deliveries of the charge, not {copies}")
     if len({d.effect_id for d in delivered}) != 1 or any(d.is_error for d in delivered):
         problems.append("the deliveries did not all get the same, settled effect")
@@ -321,7 +345,7 @@ def _verdict(
     if receipt is None:
         problems.append("the effect has no receipt")
     seconds = time.monotonic() - started
-    if problems:
+    if problems or record is None:
         say(f"verdict: FAIL - {'; '.join(problems)} ({seconds:.1f}s)")
         return 1
     say(

@@ -183,13 +183,18 @@ class AgentLoop:
         run_id: str,
         policy: DeliveryPolicy | None = None,
         on_event: Callable[[str], None] | None = None,
+        before_delivery: Callable[[ToolCall, str], None] | None = None,
         max_turns: int = 8,
     ) -> None:
+        """``before_delivery(call, operation_key)`` runs once per side-effecting call,
+        after its key is derived and before its first delivery (the demo arms its
+        failpoint for that key there)."""
         self.session = session
         self.provider = provider
         self.run_id = run_id
         self.policy = policy or DeliveryPolicy()
         self.on_event = on_event or (lambda text: None)
+        self.before_delivery = before_delivery or (lambda call, key: None)
         self.max_turns = max_turns
         self._proxy: set[str] = set()
 
@@ -236,6 +241,7 @@ class AgentLoop:
         self.on_event(
             f"operation_key {key} (agent_key(run id, tool-call id {call.id!r}))"
         )
+        self.before_delivery(call, key)
         if copies > 1:
             self.on_event(
                 f"the transport delivers this call {copies} times at once "

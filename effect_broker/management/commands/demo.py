@@ -47,14 +47,28 @@ class Command(BaseCommand):
             help="a scripted agent charges order 42 over MCP: 3 deliveries, a worker "
             "SIGKILLed after the target commits; counts the target's charges",
             description=(
-                "Run the scripted demo agent as a real MCP client of `effect-broker mcp "
-                "--transport stdio` on a scratch database: it asks to 'charge order 42', "
+                "Run the demo agent (scripted model by default) as a real MCP client of "
+                "`effect-broker mcp --transport stdio` on a scratch database: it is "
+                "asked to 'charge order 42', "
                 "the transport delivers the tool call three times with the same "
                 "operation key, and the worker dispatching it is SIGKILLed right after "
                 "the payments service commits the charge (a failpoint). A replacement "
                 "worker finishes the effect. Prints the target's own charge count and "
                 "the receipt; exits 1 unless the target holds exactly one charge."
             ),
+        )
+        agent.add_argument(
+            "--provider",
+            choices=["scripted", "openai", "grok"],
+            default="scripted",
+            help="the model: scripted (default, deterministic, offline), openai "
+            "(OPENAI_API_KEY) or grok (XAI_API_KEY, via https://api.x.ai/v1); the "
+            "live ones need pip install 'effect-broker[demo-agent]'",
+        )
+        agent.add_argument(
+            "--model",
+            help="the live provider's model (default $OPENAI_MODEL / $XAI_MODEL, else "
+            "gpt-4.1-mini / grok-3-mini)",
         )
         agent.add_argument(
             "--deliveries",
@@ -83,9 +97,21 @@ class Command(BaseCommand):
             raise InvalidRequestError("--deliveries must be between 1 and 10")
         # Imported here: the demo lives in examples/ and needs the dev install.
         from examples.agent.demo import run_agent_demo
+        from examples.agent.providers import GrokProvider, OpenAIProvider
 
+        provider = None
+        if options["provider"] != "scripted":
+            live = OpenAIProvider if options["provider"] == "openai" else GrokProvider
+            try:
+                # Before anything starts: a missing key is one line, nothing to undo.
+                provider = live(model=options["model"])
+            except ValueError as exc:
+                raise InvalidRequestError(str(exc)) from exc
+        elif options["model"]:
+            raise InvalidRequestError("--model applies to --provider openai or grok")
         code = run_agent_demo(
             self.stdout,
+            provider=provider,
             keep_database=options["keep_database"],
             copies=options["deliveries"],
         )
