@@ -25,6 +25,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from config.database import url_from_settings
+from effect_broker.domain.contracts import parse_contracts
 from effect_broker.management.commands.mcp import Command as McpCommand
 from effect_broker.models import EffectIntent
 from effect_broker.services.tenants import create_tenant
@@ -323,6 +325,10 @@ def test_the_gate_by_hand_compiles_and_the_readme_counts_the_lines_truly() -> No
         flags=re.DOTALL,
     )
     assert contract is not None
+    # the contract is one the broker loads as written
+    stripe = parse_contracts(contract.group(1), source="README").for_tool("stripe_charge")
+    assert (stripe.safety.value, stripe.adapter) == ("idempotent", "stripe")
+    assert stripe.key_retention == timedelta(hours=24)
     row = (
         f"| caller code (lines that are not blank or comments) | {code_lines(broker)} "
         f"(+ {code_lines(contract.group(1))} lines of contract) | "
