@@ -49,6 +49,8 @@ def production(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
         EFFECT_BROKER_STATIC_ROOT=str(static_root),
         EFFECT_BROKER_API_DOCS="public",
         ALLOWED_HOSTS="127.0.0.1",
+        # Plain HTTP on a loopback socket: TLS would be a proxy's job in front.
+        EFFECT_BROKER_SSL_REDIRECT="0",
         PYTHONUNBUFFERED="1",
     )
     collected = subprocess.run(
