@@ -5,7 +5,7 @@ attempt's facts; the index counts them; the changelist paints "needs a person" r
 amber and settled effects neutral; the effect page shows the timeline, the chain check,
 attempts, receipt, linked jobs and the resolution choices as the services restrict
 them; tenants made here get their API key once, and a duplicate name is a form error.
-The browser's view of the same pages is tests/browser/test_operator_console.py.
+The browser's view of the same pages: tests/integration/browser/.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.chromium import SCREENSHOTS
+from tests.integration.browser.chromium import SCREENSHOTS
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

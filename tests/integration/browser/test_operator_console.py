@@ -21,7 +21,11 @@ from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import EffectEvent, EffectFork
 from effect_broker.services.dispatch import dispatch
 from effect_broker.store import load_effect_for_worker
-from tests.browser.chromium import SCREENSHOTS, start_chromium, unavailable_reason
+from tests.integration.browser.chromium import (
+    SCREENSHOTS,
+    start_chromium,
+    unavailable_reason,
+)
 from tests.integration.engine.harness import Bench, engine_bench
 
 S = EffectStatus
