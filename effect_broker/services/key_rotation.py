@@ -1,8 +1,8 @@
 """Master-key rotation: write a new current key, and move old ciphertexts onto it.
 
 ``rotate_key_file`` appends a new random key to the keyring file (domain/master_keys.py)
-atomically, mode 600. Processes read the keyring at start, so they use the new key for
-new payloads once restarted; until then they keep encrypting with the old one, which
+atomically, mode 600. Processes read the keyring at start, so they encrypt new
+payloads with it once restarted; until then they keep encrypting with the old one, which
 is harmless because every key still decrypts what it wrote.
 
 ``reencrypt`` rewrites every stored argument and result ciphertext whose key id is not
@@ -34,7 +34,7 @@ from effect_broker.services.submission import arguments_aad
 
 
 def rotate_key_file(path: Path) -> MasterKeys:
-    """Append a new current key to the keyring at ``path``; return the new keyring."""
+    """Append a new current key to the keyring at ``path``; return the keyring as rotated."""
     keys = parse_keyring(path.read_text(encoding="ascii"), source=str(path)).rotated()
     # Write beside it and rename: a crash leaves the old file or the new one, never
     # half of one (losing a key would make its ciphertexts unreadable).
