@@ -361,7 +361,8 @@ class McpAdapter(EffectAdapter):
         if document is None:
             document = {
                 "content": [
-                    c.model_dump(mode="json", by_alias=True) for c in result.content
+                    c.model_dump(mode="json", by_alias=True, exclude_none=True)
+                    for c in result.content
                 ]
             }
         external = json_path(document, upstream.external_id_field)
