@@ -65,7 +65,11 @@ _READ = types.ToolAnnotations(read_only_hint=True, open_world_hint=True)
 
 def _with(name: str, description: str) -> dict[str, Any]:
     schema = json.loads(json.dumps(_BODY))
-    schema["properties"][name] = {"type": "string", "minLength": 1, "description": description}
+    schema["properties"][name] = {
+        "type": "string",
+        "minLength": 1,
+        "description": description,
+    }
     schema["required"].append(name)
     return schema
 
@@ -234,12 +238,16 @@ def build_server(payments: Payments) -> Server[Any]:
     ) -> types.CallToolResult:
         return await payments.call(params.name, dict(params.arguments or {}))
 
-    return Server("example-payments", on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+    return Server(
+        "example-payments", on_list_tools=on_list_tools, on_call_tool=on_call_tool
+    )
 
 
 async def _serve_stdio(server: Server[Any]) -> None:
     async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+        await server.run(
+            read_stream, write_stream, server.create_initialization_options()
+        )
 
 
 def _serve_http(server: Server[Any], host: str, port: int, port_file: str | None) -> None:
