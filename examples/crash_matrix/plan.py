@@ -3,7 +3,9 @@
 A cell is named ``scenario/case``, as its table row reads: ``idempotent/
 after_target_commit``, ``unsafe/zombie worker``. ``--only`` takes patterns (repeated,
 or comma-separated): a pattern with ``*``, ``?`` or ``[`` is a glob over the whole name,
-any other pattern a substring; both ignore case. A pattern that selects no cell is an
+any other pattern a substring; both ignore case. A pattern that is a cell's whole name
+selects that cell only (``reconcilable/after_target_commit`` is not also
+``mcp-reconcilable/after_target_commit``). A pattern that selects no cell is an
 error, so a typo never runs an empty (green) matrix.
 """
 
@@ -115,4 +117,11 @@ def select(cells: list[CellId], patterns: list[str]) -> list[CellId]:
                 f"scenarios {', '.join([*SCENARIOS, *MCP_SCENARIOS])}, cases "
                 f"{', '.join(dict.fromkeys(cell.case for cell in cells))}"
             )
-    return [c for c in cells if any(matches(p, c.name) for p in patterns)]
+    names = {cell.name.lower() for cell in cells}
+
+    def selects(pattern: str, name: str) -> bool:
+        if pattern.lower() in names:  # a whole name means that one cell
+            return pattern.lower() == name.lower()
+        return matches(pattern, name)
+
+    return [c for c in cells if any(selects(p, c.name) for p in patterns)]

@@ -65,11 +65,8 @@ def test_several_patterns_select_their_union_once_each() -> None:
     chosen = plan.select(
         plan.all_cells(), ["idempotent/after_target_commit", "idempotent/after_t*"]
     )
-    # The substring also names the same kill behind the mcp adapter
-    assert names(chosen) == [
-        "idempotent/after_target_commit",
-        "mcp-idempotent/after_target_commit",
-    ]
+    # A whole cell name selects that cell, not the same kill behind the mcp adapter
+    assert names(chosen) == ["idempotent/after_target_commit"]
 
 
 def test_mcp_glob_selects_the_mcp_adapter_cells_only() -> None:
