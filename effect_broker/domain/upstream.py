@@ -175,7 +175,9 @@ def parse_upstream(
         raise ValueError(f"{where}.bearer_token_env: only for a url")
     cwd = _text(raw, "cwd", where)
     if cwd is not None and not os.path.isabs(cwd) and not source.startswith("<"):
-        cwd = str(Path(source).parent / cwd)  # relative to the contracts file
+        # Relative to the contracts file, made absolute now: the server starts later,
+        # from whatever directory the broker process runs in.
+        cwd = os.path.normpath(os.path.abspath(Path(source).parent / cwd))
     env = raw.get("env", {})
     if not isinstance(env, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
-from effect_broker.domain.contracts import EffectContract, parse_contracts
+from effect_broker.domain.contracts import EffectContract, load_contracts, parse_contracts
 from effect_broker.domain.errors import ContractError
 from effect_broker.domain.states import SafetyClass
 from effect_broker.domain.upstream import METHOD_NOT_FOUND, McpUpstream
@@ -201,3 +202,26 @@ def test_a_bad_passthrough_names_its_field(text: str, field: str, reason: str) -
     message = refused(text)
     assert f"field {field!r}" in message
     assert reason in message
+
+
+def test_the_example_contracts_put_each_class_behind_the_payments_server() -> None:
+    root = Path(__file__).resolve().parents[3]
+    registry = load_contracts(root / "examples" / "contracts.toml")
+    classes = {
+        c.tool: (c.safety.value, c.upstream.tool if c.upstream else None)
+        for c in registry
+    }
+    assert classes["upstream_charge"] == ("idempotent", "charge")
+    assert classes["upstream_charge_by_reference"] == (
+        "reconcilable",
+        "charge_by_reference",
+    )
+    assert classes["upstream_charge_unkeyed"] == ("unsafe", "charge_unkeyed")
+    (stats,) = registry.passthroughs
+    # cwd = ".." is the repository root, wherever the broker runs from
+    assert stats.upstream.cwd == str(root)
+    assert stats.upstream.command[:3] == (
+        "python",
+        "-m",
+        "examples.mcp_upstream.payments_server",
+    )
