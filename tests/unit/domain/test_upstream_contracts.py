@@ -225,3 +225,26 @@ def test_the_example_contracts_put_each_class_behind_the_payments_server() -> No
         "-m",
         "examples.mcp_upstream.payments_server",
     )
+
+
+def test_the_readme_worked_example_loads_as_written_and_matches_the_example_file() -> (
+    None
+):
+    root = Path(__file__).resolve().parents[3]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    (block,) = re.findall(
+        r"<!-- snippet: mcp-adapter-contract[ (].*?-->\n```toml\n(.*?)```",
+        readme,
+        flags=re.DOTALL,
+    )
+    # Read as if it were examples/contracts.toml (its cwd is relative to that file)
+    (shown,) = parse_contracts(block, source=str(root / "examples" / "contracts.toml"))
+    example = load_contracts(root / "examples" / "contracts.toml").for_tool(shown.tool)
+    assert (shown.name, shown.safety, shown.key_retention, shown.adapter) == (
+        example.name,
+        example.safety,
+        example.key_retention,
+        example.adapter,
+    )
+    assert shown.upstream == example.upstream
+    assert shown.mcp == example.mcp
