@@ -30,8 +30,12 @@ def _adapter_class(name: str) -> type[EffectAdapter]:
         from effect_broker.adapters.stripe_adapter import StripeAdapter
 
         return StripeAdapter
+    if name == "mcp":
+        from effect_broker.adapters.mcp_adapter import McpAdapter
+
+        return McpAdapter
     raise ConfigurationError(
-        f"unknown adapter {name!r}; known: simulated, simulated-local, http, stripe"
+        f"unknown adapter {name!r}; known: simulated, simulated-local, http, stripe, mcp"
     )
 
 

@@ -36,6 +36,47 @@ File format (``contracts.toml``)::
     required = ["amount"]
     properties.amount.type = "integer"
 
+An upstream MCP server (``adapter = "mcp"``; issue 10, item 4) is named in
+``[contract.upstream]`` (parsed by ``effect_broker/domain/upstream.py``)::
+
+    [contract.upstream]
+    command = "python"             # a stdio server: the executable, and its
+    args = ["-m", "payments_mcp"]  #   arguments; cwd (relative to this file), env
+                                   #   (a table) and inherit_env (names) optional
+    # url = "http://127.0.0.1:9000/mcp"   # or a streamable HTTP server, with
+    # bearer_token_env = "PAYMENTS_MCP_TOKEN"  # a token from this environment variable
+    tool = "charge"                # the upstream tool each attempt calls once
+    key_argument = "idempotency_key"   # the argument the broker fills with the
+                                   #   downstream key on every attempt
+    lookup_tool = "lookup_charge"  # reconcilable: answers {"found": true, ...} or
+                                   #   {"found": false}; anything else is unknown
+    lookup_argument = "reference"  # its argument for the key (default key_argument)
+    lookup_by = "downstream_key"   # or the name of a call argument (a business key)
+    found_field = "found"          # default "found"
+    external_id_field = "id"       # dotted path into the result; default "id"
+    error_field = "error"          # the code in an isError result's structured content
+    tool_error = "terminal"        # an isError result: terminal (default) | unknown
+    retryable_errors = ["rejected"]    # codes the upstream documents as not committed
+    unknown_errors = ["outcome_unknown"]  # codes that mean "may have happened"
+    terminal_errors = []           # codes that are final whatever tool_error says
+    terminal_rpc_codes = [-32601]  # JSON-RPC errors meaning nothing ran (default)
+    connect_timeout = "10s"        # start + initialize, before tools/call is written
+    timeout = "10s"                # the tools/call answer
+
+The safety class follows what the upstream tool can prove, checked here: unsafe by
+default; idempotent only with ``key_argument``; reconcilable only with ``lookup_tool``
+(and ``settlement_bound``); never transactional. A read-only upstream tool can be
+mirrored on the broker's MCP server with no ledger, as a top-level table::
+
+    [[passthrough]]
+    tool = "charge_stats"          # the name listed (and, by default, the upstream's)
+    read_only = true               # required; strict mode (default on) also needs
+                                   #   the upstream's own readOnlyHint = true
+    description = "..."            # optional; default: the upstream's
+    [passthrough.upstream]         # as [contract.upstream], without key or lookup
+    command = "python"
+    args = ["-m", "payments_mcp"]
+
 Durations are strings ``<positive number><unit>`` with unit ``ms``, ``s``, ``m``, ``h``
 or ``d`` ("500ms", "1.5s", "24h"). Bare numbers are refused: ``key_retention = 24``
 could mean seconds or hours, and guessing wrong breaks the idempotency horizon.
@@ -63,6 +104,12 @@ import jsonschema
 
 from effect_broker.domain.errors import ContractError, UnknownContractError
 from effect_broker.domain.states import SafetyClass
+from effect_broker.domain.upstream import (
+    McpUpstream,
+    PassThroughTool,
+    parse_passthrough,
+    parse_upstream,
+)
 
 _DURATION = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>ms|s|m|h|d)")
 _UNIT_MICROSECONDS = {
@@ -139,6 +186,8 @@ class EffectContract:
     active: bool = True
     description: str = ""
     mcp: McpFace | None = None
+    #: The upstream MCP server and tool (``adapter = "mcp"`` only).
+    upstream: McpUpstream | None = None
 
     def __post_init__(self) -> None:
         # Contracts built in code get the same invariants as contracts from a file;
@@ -196,6 +245,36 @@ class EffectContract:
             self._fail("description", "must be a string")
         if self.mcp is not None and not isinstance(self.mcp, McpFace):
             self._fail("mcp", "must be an McpFace")
+        self._check_upstream()
+
+    def _check_upstream(self) -> None:
+        # Guarantee vocabulary for the mcp adapter: the class follows what the
+        # upstream tool can prove, refused at load time rather than at an incident.
+        if self.adapter != "mcp":
+            if self.upstream is not None:
+                self._fail("upstream", 'only for adapter = "mcp"')
+            return
+        upstream = self.upstream
+        if not isinstance(upstream, McpUpstream):
+            self._fail("upstream", 'adapter = "mcp" needs a [contract.upstream] table')
+        if self.safety is SafetyClass.TRANSACTIONAL:
+            self._fail(
+                "safety",
+                "an upstream MCP server cannot share the broker's "
+                "transaction; use idempotent, reconcilable or unsafe",
+            )
+        if self.safety is SafetyClass.IDEMPOTENT and not upstream.key_argument:
+            self._fail(
+                "upstream.key_argument",
+                "required for safety class idempotent: name the upstream tool's "
+                "argument that carries the idempotency key (the broker fills it)",
+            )
+        if self.safety is SafetyClass.RECONCILABLE and not upstream.lookup_tool:
+            self._fail(
+                "upstream.lookup_tool",
+                "required for safety class reconcilable: name the upstream tool that "
+                "looks the call up",
+            )
 
     def _require_text(self, name: str) -> None:
         value = getattr(self, name)
@@ -229,7 +308,13 @@ class EffectContract:
 class ContractRegistry:
     """The loaded contracts: the active one per tool, and every version by name."""
 
-    def __init__(self, contracts: Iterable[EffectContract], *, source: str | None = None):
+    def __init__(
+        self,
+        contracts: Iterable[EffectContract],
+        *,
+        source: str | None = None,
+        passthroughs: Iterable[PassThroughTool] = (),
+    ):
         self._contracts: list[EffectContract] = []
         self._by_key: dict[tuple[str, str], EffectContract] = {}
         self._active: dict[str, EffectContract] = {}
@@ -257,6 +342,22 @@ class ContractRegistry:
             self._by_key[key] = contract
             if contract.active:
                 self._active[contract.tool] = contract
+        #: Upstream tools listed with no ledger (``[[passthrough]]``), in file order.
+        self.passthroughs: tuple[PassThroughTool, ...] = tuple(passthroughs)
+        names: set[str] = set()
+        for passthrough in self.passthroughs:
+            # A contract's tool is versioned and ledgered; a pass-through under the
+            # same name would make a call's guarantee depend on which one wins.
+            if passthrough.tool in names or any(
+                c.tool == passthrough.tool for c in self._contracts
+            ):
+                raise ContractError(
+                    f"tool {passthrough.tool!r} is already defined; a pass-through "
+                    "name must be unique and not a contract's tool",
+                    file=source,
+                    field="passthrough.tool",
+                )
+            names.add(passthrough.tool)
 
     def for_tool(self, tool: str) -> EffectContract:
         """Return the active contract for ``tool`` (what a new reservation pins)."""
@@ -307,6 +408,7 @@ _FIELDS = (
     "active",
     "description",
     "mcp",
+    "upstream",
 )
 _MCP_FIELDS = ("expose", "description", "input_schema", "input_schema_file")
 _DURATION_FIELDS = (
@@ -381,6 +483,12 @@ def _parse_one(raw: object, index: int, source: str) -> EffectContract:
         except ValueError as exc:
             field_name, _, reason = str(exc).partition(": ")
             raise error(reason, field_name, label, version) from exc
+    if "upstream" in table:
+        try:
+            values["upstream"] = parse_upstream(table["upstream"], source)
+        except ValueError as exc:
+            field_name, _, reason = str(exc).partition(": ")
+            raise error(reason, field_name, label, version) from exc
     try:
         return EffectContract(**values)
     except ContractError as exc:
@@ -450,9 +558,10 @@ def parse_contracts(text: str, *, source: str = "<string>") -> ContractRegistry:
             f"invalid TOML: {exc}", file=source, line=int(line[1]) if line else None
         ) from exc
     for key in data:
-        if key != "contract":
+        if key not in ("contract", "passthrough"):
             raise ContractError(
-                "unknown top-level key; the file holds only [[contract]] tables",
+                "unknown top-level key; the file holds only [[contract]] and "
+                "[[passthrough]] tables",
                 file=source,
                 field=key,
             )
@@ -464,7 +573,31 @@ def parse_contracts(text: str, *, source: str = "<string>") -> ContractRegistry:
             field="contract",
         )
     contracts = [_parse_one(raw, index, source) for index, raw in enumerate(entries, 1)]
-    return ContractRegistry(contracts, source=source)
+    return ContractRegistry(
+        contracts, source=source, passthroughs=_parse_passthroughs(data, source)
+    )
+
+
+def _parse_passthroughs(data: Mapping[str, Any], source: str) -> list[PassThroughTool]:
+    entries = data.get("passthrough", [])
+    if not isinstance(entries, list):
+        raise ContractError(
+            "must be an array of tables: write [[passthrough]]",
+            file=source,
+            field="passthrough",
+        )
+    parsed = []
+    for index, raw in enumerate(entries, 1):
+        try:
+            parsed.append(parse_passthrough(raw, source))
+        except ValueError as exc:
+            field_name, _, reason = str(exc).partition(": ")
+            name = raw.get("tool") if isinstance(raw, dict) else None
+            label = repr(name) if isinstance(name, str) else f"#{index}"
+            raise ContractError(
+                reason, file=source, field=f"passthrough[{label}].{field_name}"
+            ) from exc
+    return parsed
 
 
 def load_contracts(path: str | os.PathLike[str]) -> ContractRegistry:

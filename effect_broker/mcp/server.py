@@ -27,6 +27,7 @@ from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus
 from effect_broker.domain.storable_text import require_storable
 from effect_broker.mcp import tools
+from effect_broker.mcp.passthrough import PassThroughMirror
 from effect_broker.models import Tenant
 from effect_broker.services import awaiting, inspection, resolution
 from effect_broker.services.runtime import get_runtime
@@ -46,15 +47,22 @@ class McpSettings:
     """How the server behaves; ``wait_seconds`` bounds a proxy call's wait."""
 
     wait_seconds: float = DEFAULT_WAIT_SECONDS
+    #: Strict mode: a pass-through is listed and forwarded only when verified
+    #: read-only (effect_broker/mcp/passthrough.py).
+    strict: bool = True
 
 
 def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Server[Any]:
     """The effect-broker MCP server for the tenants ``resolve_tenant`` returns."""
+    mirror = PassThroughMirror(strict=settings.strict)
 
     async def on_list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=tools.list_tools(get_runtime().registry))
+        registry = get_runtime().registry
+        listed = tools.list_tools(registry)
+        listed += await mirror.list_tools(registry, {tool.name for tool in listed})
+        return types.ListToolsResult(tools=listed)
 
     async def on_call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
@@ -65,6 +73,11 @@ def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Serve
             # service sees it (issue 12: NUL reached PostgreSQL as a 500).
             require_storable(arguments)
             tenant = resolve_tenant(ctx)
+            registry = get_runtime().registry
+            passthrough = mirror.find(registry, params.name)
+            if passthrough is not None and params.name not in tools.MANAGEMENT_NAMES:
+                # No ledger: forwarded as it is, if strict mode allows it.
+                return await mirror.call(passthrough, arguments)
             return await anyio.to_thread.run_sync(
                 _in_thread, tenant, params.name, arguments, settings
             )

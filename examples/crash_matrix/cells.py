@@ -19,6 +19,7 @@ from django.db import connection
 
 from effect_broker import embedded_pg
 from effect_broker.domain.states import EffectStatus
+from examples.crash_matrix.plan import safety_of
 from examples.crash_matrix.rig import OPERATION_KEY, Rig
 from examples.crash_matrix.workers import wait_until
 
@@ -65,7 +66,7 @@ def judge(
     scenario: str, case: str, effects: int, status: str, receipts: int
 ) -> tuple[bool, str]:
     """Whether a cell keeps the promise of its safety class, and why not."""
-    if scenario != "unsafe":
+    if safety_of(scenario) != "unsafe":
         ok = effects == 1 and receipts == 1 and status == EffectStatus.SUCCEEDED.value
         return ok, "" if ok else f"expected 1 effect, 1 receipt, succeeded; got {effects}"
     if effects > 1:
@@ -124,6 +125,18 @@ def kill_cell(rig: Rig, scenario: str, failpoint: str, run: str) -> CellResult:
     naive_body = charge_body(scenario, failpoint, run, naive=True)
     naive = rig.run_naive(scenario, naive_body, f"{tenant.id}:{OPERATION_KEY}", failpoint)
     return _finish(rig, scenario, failpoint, tenant, body, started, naive)
+
+
+def mcp_kill_cell(rig: Rig, scenario: str, failpoint: str, run: str) -> CellResult:
+    """SIGKILL the worker at ``failpoint`` while the mcp adapter dispatches this
+    cell's charge through the payments MCP server (no baselines: they speak HTTP)."""
+    started = time.monotonic()
+    tenant = rig.new_tenant(f"{scenario}-{failpoint}")
+    body = charge_body(scenario, failpoint, run)
+    rig.arm(tenant, failpoint)
+    rig.submit(tenant, scenario, body)
+    wait_until(lambda: rig.fired(tenant, failpoint), timeout=60, what=failpoint)
+    return _finish(rig, scenario, failpoint, tenant, body, started, None)
 
 
 def concurrent_cell(rig: Rig, scenario: str, run: str, copies: int = 10) -> CellResult:

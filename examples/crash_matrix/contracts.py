@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-#: The tool each safety class uses in the demo and the worker tests.
+from examples.mcp_upstream.contracts import MCP_TOOLS, mcp_contracts_toml
+
+#: The tool each safety class uses in the demo and the worker tests; ``mcp-<class>``
+#: is the same class behind the mcp adapter and the example payments MCP server.
 TOOLS = {
     "idempotent": "charge_idempotent",
     "reconcilable": "charge_reconcilable",
     "unsafe": "charge_unsafe",
     "transactional": "charge_transactional",
+    **{f"mcp-{safety}": tool for safety, tool in MCP_TOOLS.items()},
 }
 
 
@@ -31,7 +35,8 @@ backoff_initial = "200ms"
 backoff_max = "2s"
 preview_fields = ["order", "amount_minor", "currency"]"""
     http = f'timeout = "{timeout}"\nconnect_timeout = "1s"'
-    return f"""# Generated for a target at {target_url}
+    return (
+        f"""# Generated for a target at {target_url}
 [[contract]]
 name = "demo.charge-idempotent"
 version = "1"
@@ -77,7 +82,11 @@ tool = "{TOOLS["transactional"]}"
 safety = "transactional"
 adapter = "simulated-local"
 {common}
-""" + edge_contracts_toml(target_url, common=common, http=http)
+"""
+        + edge_contracts_toml(target_url, common=common, http=http)
+        + "\n"
+        + mcp_contracts_toml(target_url, settlement_bound=settlement_bound)
+    )
 
 
 def write_contracts(path: Path, target_url: str, **options: object) -> Path:

@@ -29,6 +29,7 @@ from examples.crash_matrix.cells import (
     db_restart_cells,
     judge,
     kill_cell,
+    mcp_kill_cell,
     target_down_cells,
     zombie_cell,
 )
@@ -68,6 +69,7 @@ RUNNABLE = frozenset(
         plan.TARGET_DOWN,
         plan.DB_RESTART,
         plan.EDGE,
+        plan.MCP_KILL,
     }
 )
 
@@ -214,10 +216,13 @@ def _run_cells(
         raise RuntimeError(f"no runner for planned cell kind(s) {unknown}")
     kinds: dict[str, list[str]] = {}
     kills = []
+    mcp_kills = []
     edges: set[tuple[str, str]] = set()
     for cell in chosen:
         if cell.kind == plan.KILL:
             kills.append((cell.scenario, cell.case))
+        elif cell.kind == plan.MCP_KILL:
+            mcp_kills.append((cell.scenario, cell.case))
         elif cell.kind == plan.EDGE:
             edges.add((cell.scenario, cell.case))
         else:
@@ -243,6 +248,11 @@ def _run_cells(
             for s, fp in kills
             if (s, fp) != HEADLINE
         ],
+        parallel,
+        report,
+    )
+    results += _in_pool(
+        [lambda s=s, fp=fp: mcp_kill_cell(rig, s, fp, run_id) for s, fp in mcp_kills],
         parallel,
         report,
     )
@@ -302,7 +312,8 @@ def run_matrix(
     report.say(
         f"crash matrix: {len(SCENARIOS)} safety classes x {len(FAILPOINTS)} kill points, "
         f"plus concurrency, zombie, target-down, database-restart and "
-        f"{len(plan.EDGE_CASES)} edge faults ({where}, "
+        f"{len(plan.EDGE_CASES)} edge faults, and {len(plan.MCP_SCENARIOS)} classes "
+        f"behind the mcp adapter ({where}, "
         f"{workers} real worker processes)"
     )
     if only:

@@ -3,7 +3,9 @@
 A cell is named ``scenario/case``, as its table row reads: ``idempotent/
 after_target_commit``, ``unsafe/zombie worker``. ``--only`` takes patterns (repeated,
 or comma-separated): a pattern with ``*``, ``?`` or ``[`` is a glob over the whole name,
-any other pattern a substring; both ignore case. A pattern that selects no cell is an
+any other pattern a substring; both ignore case. A pattern that is a cell's whole name
+selects that cell only (``reconcilable/after_target_commit`` is not also
+``mcp-reconcilable/after_target_commit``). A pattern that selects no cell is an
 error, so a typo never runs an empty (green) matrix.
 """
 
@@ -27,6 +29,19 @@ TARGET_DOWN = "target down"
 DB_RESTART = "postgres restart"
 #: Issue 9's edge cells (examples/crash_matrix/edge_cells.py), run one after another.
 EDGE = "edge"
+#: Kills with the mcp adapter in front of the example payments MCP server (issue 10,
+#: item 4); scenario ``mcp-<class>``, so ``--only 'mcp*'`` runs just these.
+MCP_KILL = "mcp adapter kill"
+MCP_PREFIX = "mcp-"
+MCP_SCENARIOS = [f"{MCP_PREFIX}{s}" for s in ("idempotent", "reconcilable", "unsafe")]
+#: The kills that matter for an adapter: the target committed, the receipt did not.
+MCP_FAILPOINTS = ("after_target_commit", "before_receipt_commit")
+
+
+def safety_of(scenario: str) -> str:
+    """The safety class a scenario is judged by (``mcp-unsafe`` -> ``unsafe``)."""
+    return scenario.removeprefix(MCP_PREFIX)
+
 
 FROZEN = "frozen between claim and send"
 SLOW_COMMIT = "slow commit with lost answer"
@@ -71,6 +86,7 @@ def all_cells() -> list[CellId]:
     cells += [CellId(TARGET_DOWN, s, TARGET_DOWN) for s in NETWORK]
     cells += [CellId(DB_RESTART, s, DB_RESTART) for s in SCENARIOS]
     cells += [CellId(EDGE, s, case) for s, case in EDGE_CASES]
+    cells += [CellId(MCP_KILL, s, fp) for s in MCP_SCENARIOS for fp in MCP_FAILPOINTS]
     return cells
 
 
@@ -98,7 +114,14 @@ def select(cells: list[CellId], patterns: list[str]) -> list[CellId]:
         if not any(matches(pattern, cell.name) for cell in cells):
             raise ValueError(
                 f"--only {pattern!r} matches no cell; cells are named scenario/case, "
-                f"scenarios {', '.join(SCENARIOS)}, cases "
+                f"scenarios {', '.join([*SCENARIOS, *MCP_SCENARIOS])}, cases "
                 f"{', '.join(dict.fromkeys(cell.case for cell in cells))}"
             )
-    return [c for c in cells if any(matches(p, c.name) for p in patterns)]
+    names = {cell.name.lower() for cell in cells}
+
+    def selects(pattern: str, name: str) -> bool:
+        if pattern.lower() in names:  # a whole name means that one cell
+            return pattern.lower() == name.lower()
+        return matches(pattern, name)
+
+    return [c for c in cells if any(selects(p, c.name) for p in patterns)]

@@ -41,6 +41,7 @@ from effect_broker.services.tenants import create_tenant
 from examples.crash_matrix.attribution import ChargeClaims
 from examples.crash_matrix.contracts import TOOLS, write_contracts
 from examples.crash_matrix.naive_runner import ensure_schema
+from examples.crash_matrix.plan import safety_of
 from examples.crash_matrix.target_client import (
     KEY_COLUMNS,
     Charge,
@@ -186,7 +187,8 @@ class Rig:
             record = self.effect_of(tenant)
             if record.status in SETTLED:
                 return record
-            if scenario == "unsafe" and record.status is EffectStatus.OUTCOME_UNKNOWN:
+            unsafe = safety_of(scenario) == "unsafe"
+            if unsafe and record.status is EffectStatus.OUTCOME_UNKNOWN:
                 return record  # unsafe + unknown waits for an operator, by design
             return None
 
@@ -205,10 +207,11 @@ class Rig:
             from effect_broker.adapters.simulated_adapter import local_effect_count
 
             return local_effect_count(key)
-        if scenario in KEY_COLUMNS:
-            self.claims.claim_key(scenario, key, f"broker/{body.get('cell', '')}")
-            return self.target.count_by_key(scenario, key)
-        return self.count_baseline(scenario, body)
+        mode = safety_of(scenario)  # an mcp-* cell charges the same target modes
+        if mode in KEY_COLUMNS:
+            self.claims.claim_key(mode, key, f"broker/{body.get('cell', '')}")
+            return self.target.count_by_key(mode, key)
+        return self.count_baseline(mode, body)
 
     def count_baseline(self, mode: str, body: dict[str, Any]) -> int:
         """Target charges of ``mode`` with exactly ``body`` (claimed for its cell)."""

@@ -1,6 +1,8 @@
 """Spec "Key interfaces and contracts": ONE conformance suite, parametrised over every
-adapter x safety class - the simulated adapter (in-process, ManualClock) and the HTTP
-adapter against the real target service process on loopback with a real Postgres.
+adapter x safety class - the simulated adapter (in-process, ManualClock), the HTTP
+adapter against the real target service process on loopback with a real Postgres, and
+the mcp adapter in front of the example payments MCP server (a stdio subprocess) that
+charges through that same target.
 
 Below it: the suite's own teeth (it fails adapters that break the protocol) and the
 simulated target's semantics that the property tests and benchmarks rely on."""
@@ -27,6 +29,7 @@ from effect_broker.adapters.conformance import (
     SimulatedHarness,
 )
 from effect_broker.adapters.http_adapter import HttpAdapter
+from effect_broker.adapters.mcp_adapter import McpAdapter
 from effect_broker.adapters.simulated_adapter import (
     Fault,
     SimulatedAdapter,
@@ -36,7 +39,7 @@ from effect_broker.adapters.simulated_adapter import (
     simulated_targets,
 )
 from effect_broker.domain.clock import ManualClock
-from effect_broker.domain.contracts import EffectContract
+from effect_broker.domain.contracts import EffectContract, parse_contracts
 from effect_broker.domain.errors import (
     ConfigurationError,
     OutcomeUnknownError,
@@ -45,6 +48,7 @@ from effect_broker.domain.errors import (
 )
 from effect_broker.domain.states import ProbeStatus, SafetyClass
 from examples.crash_matrix.target_client import TargetProcess
+from examples.mcp_upstream.contracts import MCP_TOOLS, mcp_contracts_toml
 
 MODES = (SafetyClass.IDEMPOTENT, SafetyClass.RECONCILABLE, SafetyClass.UNSAFE)
 SIM_DELAY = timedelta(milliseconds=300)
@@ -119,7 +123,17 @@ SUBJECTS = [
         )
         for m in MODES
     ),
+    *(
+        pytest.param(Subject("mcp", m), id=f"mcp-{m.value}", marks=pytest.mark.django_db)
+        for m in MODES
+    ),
 ]
+
+
+def mcp_contract(target: TargetProcess, safety: SafetyClass) -> EffectContract:
+    """The example contract of ``safety`` behind the payments MCP server."""
+    registry = parse_contracts(mcp_contracts_toml(target.url, settlement_bound="1s"))
+    return registry.for_tool(MCP_TOOLS[safety.value])
 
 
 @pytest.fixture(params=SUBJECTS)
@@ -129,6 +143,11 @@ def suite(request: pytest.FixtureRequest) -> Iterator[AdapterConformance]:
         yield simulated_suite(subject.safety)
         return
     target: TargetProcess = request.getfixturevalue("target")
+    if subject.kind == "mcp":
+        yield AdapterConformance(
+            McpAdapter(mcp_contract(target, subject.safety)), target.harness()
+        )
+        return
     with HttpAdapter(http_contract(target, subject.safety)) as adapter:
         yield AdapterConformance(adapter, target.harness())
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.crash_matrix.plan import EDGE_CASES
+from examples.crash_matrix.plan import EDGE_CASES, safety_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,8 +28,9 @@ def test_every_cell_keeps_its_safety_class_promise(matrix) -> None:
     failed = [c for c in cells if c["verdict"] == "FAIL"]
     assert failed == []
     # 4 classes x 6 failpoints, 4 concurrency cells, 3 zombies, 3 target-down,
-    # 4 restarts, and 11 edge cells (tests/crash/test_edge_cells.py reads those)
-    assert len(cells) == 49
+    # 4 restarts, 11 edge cells (tests/crash/test_edge_cells.py reads those), and
+    # 3 classes x 2 kills behind the mcp adapter (tests/crash/test_mcp_adapter_cells.py)
+    assert len(cells) == 55
 
 
 def test_safe_classes_leave_exactly_one_charge_in_the_target_table(matrix) -> None:
@@ -37,7 +38,7 @@ def test_safe_classes_leave_exactly_one_charge_in_the_target_table(matrix) -> No
     for cell in data["cells"]:
         if (cell["scenario"], cell["case"]) in EDGE_CASES:
             continue  # their own rules: tests/crash/test_edge_cells.py
-        if cell["scenario"] != "unsafe" and cell["verdict"] != "skipped":
+        if safety_of(cell["scenario"]) != "unsafe" and cell["verdict"] != "skipped":
             assert (cell["target_effects"], cell["receipts"], cell["status"]) == (
                 1,
                 1,
@@ -49,6 +50,9 @@ def test_unsafe_never_duplicates_and_reports_unknown_plainly(matrix) -> None:
     _, _, data = matrix
     unsafe = {c["case"]: c for c in data["cells"] if c["scenario"] == "unsafe"}
     assert all(c["target_effects"] <= 1 for c in unsafe.values())
+    behind_mcp = [c for c in data["cells"] if c["scenario"] == "mcp-unsafe"]
+    assert behind_mcp
+    assert all(c["target_effects"] <= 1 for c in behind_mcp)
     for case in ("before_request_write", "after_target_commit", "before_receipt_commit"):
         assert unsafe[case]["status"] == "outcome_unknown", case
         assert unsafe[case]["receipts"] == 0

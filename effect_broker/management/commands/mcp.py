@@ -15,6 +15,9 @@ from effect_broker.mcp.transports import API_KEY_ENV, http_app, serve_stdio
 from effect_broker.services.tenants import authenticate
 
 WAIT_ENV = "EFFECT_BROKER_MCP_WAIT_SECONDS"
+STRICT_ENV = "EFFECT_BROKER_MCP_STRICT"
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True}
+_SWITCH |= {"0": False, "false": False, "no": False, "off": False}
 
 
 class Command(BaseCommand):
@@ -42,12 +45,27 @@ class Command(BaseCommand):
             help="how long a proxy call waits for its effect to settle before answering "
             f"'still running' (default ${WAIT_ENV} or {DEFAULT_WAIT_SECONDS:g})",
         )
+        parser.add_argument(
+            "--no-strict",
+            action="store_true",
+            help="also list and forward [[passthrough]] tools that are not verified "
+            "read-only (their description warns that the broker gives no guarantee); "
+            f"default: strict, unless ${STRICT_ENV}=0",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         wait = options["wait_seconds"]
         if wait is None:
             wait = float(os.environ.get(WAIT_ENV) or DEFAULT_WAIT_SECONDS)
-        settings = McpSettings(wait_seconds=max(0.0, wait))
+        strict_text = os.environ.get(STRICT_ENV, "1").strip().lower() or "1"
+        if strict_text not in _SWITCH:
+            sys.stderr.write(
+                f"effect-broker mcp: refusing to start: ${STRICT_ENV} must be 1 or 0, "
+                f"got {strict_text!r}\n"
+            )
+            raise SystemExit(2)
+        strict = _SWITCH[strict_text] and not options["no_strict"]
+        settings = McpSettings(wait_seconds=max(0.0, wait), strict=strict)
         if options["transport"] == "stdio":
             key = os.environ.get(API_KEY_ENV, "").strip()
             try:

@@ -11,12 +11,12 @@ def names(cells: list[plan.CellId]) -> list[str]:
     return [cell.name for cell in cells]
 
 
-def test_a_full_run_plans_49_cells_with_unique_names() -> None:
+def test_a_full_run_plans_55_cells_with_unique_names() -> None:
     cells = plan.all_cells()
     # 4 classes x 6 failpoints, 4 concurrency cells, 3 zombies, 3 target-down,
-    # 4 restarts, 11 edge cells
-    assert len(cells) == 49
-    assert len(set(names(cells))) == 49
+    # 4 restarts, 11 edge cells, 3 classes x 2 kills behind the mcp adapter
+    assert len(cells) == 55
+    assert len(set(names(cells))) == 55
     # --only splits on commas: no cell name may hold one
     assert not [name for name in names(cells) if "," in name]
 
@@ -38,6 +38,9 @@ def test_a_plain_pattern_is_a_substring_of_scenario_slash_case() -> None:
         "reconcilable/after_target_commit",
         "transactional/after_target_commit",
         "unsafe/after_target_commit",
+        "mcp-idempotent/after_target_commit",
+        "mcp-reconcilable/after_target_commit",
+        "mcp-unsafe/after_target_commit",
     ]
     assert names(plan.select(plan.all_cells(), ["Unsafe/ZOMBIE"])) == [
         "unsafe/zombie worker"
@@ -62,7 +65,23 @@ def test_several_patterns_select_their_union_once_each() -> None:
     chosen = plan.select(
         plan.all_cells(), ["idempotent/after_target_commit", "idempotent/after_t*"]
     )
+    # A whole cell name selects that cell, not the same kill behind the mcp adapter
     assert names(chosen) == ["idempotent/after_target_commit"]
+
+
+def test_mcp_glob_selects_the_mcp_adapter_cells_only() -> None:
+    chosen = plan.select(plan.all_cells(), ["mcp*"])
+    assert names(chosen) == [
+        f"mcp-{safety}/{failpoint}"
+        for safety in ("idempotent", "reconcilable", "unsafe")
+        for failpoint in ("after_target_commit", "before_receipt_commit")
+    ]
+    assert {cell.kind for cell in chosen} == {plan.MCP_KILL}
+    assert [plan.safety_of(cell.scenario) for cell in chosen[::2]] == [
+        "idempotent",
+        "reconcilable",
+        "unsafe",
+    ]
 
 
 def test_a_pattern_that_selects_nothing_is_named_in_a_one_line_error() -> None:

@@ -277,7 +277,7 @@ RULES = [
         "contract 'p.x' v1: field 'retry_limt': unknown key; did you mean "
         "'retry_limit'? (allowed: active, adapter, adapter_options, attempt_timeout, "
         "backoff_initial, backoff_max, description, key_retention, mcp, name, "
-        "preview_fields, retry_limit, safety, settlement_bound, tool, version)",
+        "preview_fields, retry_limit, safety, settlement_bound, tool, upstream, version)",
         id="unknown key",
     ),
     pytest.param(
@@ -296,7 +296,7 @@ RULES = [
     pytest.param(
         "retry_limit = 3\n" + _one(MINIMAL),
         "field 'retry_limit': unknown top-level key; the file holds only [[contract]] "
-        "tables",
+        "and [[passthrough]] tables",
         id="unknown top-level key",
     ),
     pytest.param(

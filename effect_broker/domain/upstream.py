@@ -1,0 +1,297 @@
+"""An upstream MCP server in a contracts file: ``[contract.upstream]`` and
+``[[passthrough]]`` (issue 10, item 4: the broker in front of an existing MCP server).
+
+Pure parsing, no I/O: a table becomes an ``McpUpstream`` (where the server is, which
+tool, how its answers are read) or a ``PassThroughTool``. Every problem is a
+``ValueError("<field>: <reason>")`` that ``contracts.py`` re-raises as a
+``ContractError`` naming the file, the contract and the field.
+
+What the safety class may claim is decided in ``contracts.py`` (``EffectContract``):
+an upstream tool is unsafe unless the contract names the argument that carries the
+downstream key (idempotent), or a lookup tool and a settlement bound (reconcilable).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+#: ``tool_error`` values: how an upstream ``isError`` result is classified by default.
+TOOL_ERROR_CLASSES = ("terminal", "unknown")
+#: JSON-RPC "method not found": the server has no such method, so nothing ran.
+METHOD_NOT_FOUND = -32601
+#: Codes the MCP client raises itself (connection closed, request timeout).
+CLIENT_MADE_CODES = (-32000, -32001)
+
+_UPSTREAM_FIELDS = (
+    "command",
+    "args",
+    "cwd",
+    "env",
+    "inherit_env",
+    "url",
+    "bearer_token_env",
+    "tool",
+    "key_argument",
+    "lookup_tool",
+    "lookup_argument",
+    "lookup_by",
+    "found_field",
+    "external_id_field",
+    "error_field",
+    "tool_error",
+    "retryable_errors",
+    "unknown_errors",
+    "terminal_errors",
+    "terminal_rpc_codes",
+    "connect_timeout",
+    "timeout",
+)
+_PASSTHROUGH_FIELDS = ("tool", "read_only", "description", "upstream")
+
+
+def _unknown(key: str, allowed: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(allowed), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown key{hint} (allowed: {', '.join(sorted(allowed))})"
+
+
+@dataclass(frozen=True, slots=True)
+class McpUpstream:
+    """Where an upstream MCP server is (a stdio command or a streamable HTTP URL),
+    which of its tools the contract calls, and how its answers are read."""
+
+    tool: str
+    #: stdio: the executable and its arguments (``command`` + ``args``).
+    command: tuple[str, ...] = ()
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: Names of this process's environment variables handed to the stdio server
+    #: (secrets stay out of the contracts file).
+    inherit_env: tuple[str, ...] = ()
+    #: streamable HTTP: the MCP endpoint.
+    url: str | None = None
+    #: The environment variable holding a bearer token for ``url``.
+    bearer_token_env: str | None = None
+    #: The tool argument the broker fills with the downstream key on every attempt.
+    key_argument: str | None = None
+    lookup_tool: str | None = None
+    #: The lookup tool's argument that receives the key.
+    lookup_argument: str | None = None
+    #: "downstream_key" (default) or the name of a call argument (a business key).
+    lookup_by: str = "downstream_key"
+    found_field: str = "found"
+    external_id_field: str = "id"
+    error_field: str = "error"
+    tool_error: str = "terminal"
+    retryable_errors: tuple[str, ...] = ()
+    unknown_errors: tuple[str, ...] = ()
+    terminal_errors: tuple[str, ...] = ()
+    terminal_rpc_codes: tuple[int, ...] = (METHOD_NOT_FOUND,)
+    connect_timeout: timedelta = timedelta(seconds=10)
+    timeout: timedelta = timedelta(seconds=10)
+
+    @property
+    def where(self) -> str:
+        """The server as a short label for logs and errors (never a token)."""
+        return self.url or " ".join(self.command[:3])
+
+    @property
+    def lookup_key_argument(self) -> str:
+        """The lookup tool's argument name (default: the key argument, else lookup_by)."""
+        return self.lookup_argument or self.key_argument or self.lookup_by
+
+
+@dataclass(frozen=True, slots=True)
+class PassThroughTool:
+    """An upstream tool the broker's MCP server lists and forwards directly, with no
+    ledger: only a read-only tool, or any tool with strict mode off (with a warning)."""
+
+    tool: str
+    upstream: McpUpstream
+    read_only: bool
+    description: str = ""
+
+
+def _text(raw: Mapping[str, Any], key: str, where: str, default: Any = None) -> Any:
+    value = raw.get(key, default)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or value != value.strip():
+        raise ValueError(f"{where}.{key}: must be a non-empty string")
+    return value
+
+
+def _texts(raw: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    value = raw.get(key, [])
+    if not isinstance(value, list) or not all(
+        isinstance(item, str) and item for item in value
+    ):
+        raise ValueError(f"{where}.{key}: must be a list of non-empty strings")
+    return tuple(value)
+
+
+def _duration(raw: Mapping[str, Any], key: str, where: str, default: str) -> timedelta:
+    # Imported here: contracts.py imports this module at its top.
+    from effect_broker.domain.contracts import parse_duration
+
+    try:
+        return parse_duration(raw.get(key, default))
+    except ValueError as exc:
+        raise ValueError(f"{where}.{key}: {exc}") from exc
+
+
+def parse_upstream(
+    raw: object, source: str, *, where: str = "upstream", default_tool: str | None = None
+) -> McpUpstream:
+    """Parse an upstream table; raise ``ValueError("<field>: <reason>")``."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: must be a table ([contract.{where}])")
+    for key in raw:
+        if key not in _UPSTREAM_FIELDS:
+            raise ValueError(f"{where}.{key}: {_unknown(key, _UPSTREAM_FIELDS)}")
+    if ("command" in raw) == ("url" in raw):
+        raise ValueError(
+            f"{where}.command: give exactly one of command (a stdio server) or url "
+            "(a streamable HTTP server)"
+        )
+    command: tuple[str, ...] = ()
+    url = _text(raw, "url", where)
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise ValueError(f"{where}.url: must be an http:// or https:// URL")
+    if "command" in raw:
+        command = (_text(raw, "command", where), *_texts(raw, "args", where))
+    else:
+        for stdio_only in ("args", "cwd", "env", "inherit_env"):
+            if stdio_only in raw:
+                raise ValueError(f"{where}.{stdio_only}: only for a stdio command")
+    if "bearer_token_env" in raw and url is None:
+        raise ValueError(f"{where}.bearer_token_env: only for a url")
+    cwd = _text(raw, "cwd", where)
+    if cwd is not None and not os.path.isabs(cwd) and not source.startswith("<"):
+        # Relative to the contracts file, made absolute now: the server starts later,
+        # from whatever directory the broker process runs in.
+        cwd = os.path.normpath(os.path.abspath(Path(source).parent / cwd))
+    env = raw.get("env", {})
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise ValueError(f"{where}.env: must be a table of strings")
+    tool = _text(raw, "tool", where, default_tool)
+    if tool is None:
+        raise ValueError(f"{where}.tool: is required (the upstream tool's name)")
+    tool_error = raw.get("tool_error", "terminal")
+    if tool_error not in TOOL_ERROR_CLASSES:
+        raise ValueError(
+            f"{where}.tool_error: must be one of {', '.join(TOOL_ERROR_CLASSES)}"
+        )
+    codes = raw.get("terminal_rpc_codes", [METHOD_NOT_FOUND])
+    if not isinstance(codes, list) or not all(
+        isinstance(c, int) and not isinstance(c, bool) for c in codes
+    ):
+        raise ValueError(f"{where}.terminal_rpc_codes: must be a list of integers")
+    for code in codes:
+        if code in CLIENT_MADE_CODES:
+            # The client makes these itself when the answer never came (connection
+            # closed, timed out): they prove nothing about the tool.
+            raise ValueError(
+                f"{where}.terminal_rpc_codes: {code} is the client's own 'no answer' "
+                "code and can never be terminal"
+            )
+    lists = {
+        name: _texts(raw, name, where)
+        for name in ("retryable_errors", "unknown_errors", "terminal_errors")
+    }
+    seen: dict[str, str] = {}
+    for name, values in lists.items():
+        for value in values:
+            if value in seen:
+                raise ValueError(
+                    f"{where}.{name}: {value!r} is also in {seen[value]}; an error "
+                    "code has one meaning"
+                )
+            seen[value] = name
+    lookup_tool = _text(raw, "lookup_tool", where)
+    for lookup_only in ("lookup_argument", "lookup_by", "found_field"):
+        if lookup_only in raw and lookup_tool is None:
+            raise ValueError(f"{where}.{lookup_only}: needs a lookup_tool")
+    key_argument = _text(raw, "key_argument", where)
+    lookup_by = _text(raw, "lookup_by", where, "downstream_key")
+    if lookup_tool is not None and lookup_by == "downstream_key" and not key_argument:
+        # The lookup finds the call by the key the call carried; without a key
+        # argument the upstream never saw it.
+        raise ValueError(
+            f"{where}.lookup_by: a lookup by the downstream key needs key_argument "
+            "(the argument that carries it); or name a business-key argument"
+        )
+    return McpUpstream(
+        tool=tool,
+        command=command,
+        cwd=cwd,
+        env=MappingProxyType(dict(env)),
+        inherit_env=_texts(raw, "inherit_env", where),
+        url=url,
+        bearer_token_env=_text(raw, "bearer_token_env", where),
+        key_argument=key_argument,
+        lookup_tool=lookup_tool,
+        lookup_argument=_text(raw, "lookup_argument", where),
+        lookup_by=lookup_by,
+        found_field=_text(raw, "found_field", where, "found"),
+        external_id_field=_text(raw, "external_id_field", where, "id"),
+        error_field=_text(raw, "error_field", where, "error"),
+        tool_error=tool_error,
+        retryable_errors=lists["retryable_errors"],
+        unknown_errors=lists["unknown_errors"],
+        terminal_errors=lists["terminal_errors"],
+        terminal_rpc_codes=tuple(codes),
+        connect_timeout=_duration(raw, "connect_timeout", where, "10s"),
+        timeout=_duration(raw, "timeout", where, "10s"),
+    )
+
+
+def parse_passthrough(raw: object, source: str) -> PassThroughTool:
+    """Parse one ``[[passthrough]]`` table; raise ``ValueError("<field>: <reason>")``."""
+    if not isinstance(raw, dict):
+        raise ValueError("passthrough: each [[passthrough]] entry must be a table")
+    for key in raw:
+        if key not in _PASSTHROUGH_FIELDS:
+            raise ValueError(f"{key}: {_unknown(key, _PASSTHROUGH_FIELDS)}")
+    tool = _text(raw, "tool", "passthrough")
+    if tool is None:
+        raise ValueError("tool: is required (the name the broker lists)")
+    if "read_only" not in raw or not isinstance(raw["read_only"], bool):
+        # Required, never defaulted: whether a tool mutates is a claim someone makes
+        # on purpose, and strict mode reads it.
+        raise ValueError("read_only: is required, true or false")
+    description = raw.get("description", "")
+    if not isinstance(description, str):
+        raise ValueError("description: must be a string")
+    upstream = parse_upstream(raw.get("upstream"), source, default_tool=tool)
+    for contract_only in ("key_argument", "lookup_tool"):
+        if getattr(upstream, contract_only) is not None:
+            raise ValueError(
+                f"upstream.{contract_only}: a pass-through has no ledger; declare a "
+                '[[contract]] with adapter = "mcp" instead'
+            )
+    return PassThroughTool(
+        tool=tool,
+        upstream=upstream,
+        read_only=raw["read_only"],
+        description=description,
+    )
+
+
+__all__ = [
+    "METHOD_NOT_FOUND",
+    "TOOL_ERROR_CLASSES",
+    "McpUpstream",
+    "PassThroughTool",
+    "parse_passthrough",
+    "parse_upstream",
+]
