@@ -53,6 +53,16 @@ def start_worker_metrics(port: int, addr: str = "0.0.0.0") -> int | None:  # noq
     return bound
 
 
+def stop_worker_metrics() -> None:
+    """Close the port (a graceful shutdown; tests). A later start opens it again."""
+    global _server
+    with _lock:
+        server, _server = _server, None
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+
+
 def start_from_settings() -> int | None:
     """Start the port when this process is a worker and a port is configured."""
     from django.conf import settings
