@@ -39,7 +39,7 @@ _RETENTION_BUCKETS = (0, 60, 300, 900, 3600, 6 * 3600, 86400, 7 * 86400, 30 * 86
 
 SUBMITTED = Counter(
     "effect_broker_effects_submitted",
-    "Effects reserved by a submit (a new operation key).",
+    "Effects reserved by a submit (the first submit of its operation key).",
     EFFECT_LABELS,
 )
 DEDUPLICATED = Counter(
