@@ -110,11 +110,14 @@ def span(
         name,
         context=context,
         kind=SpanKind.INTERNAL,
-        attributes={DIGEST: operation_key_digest(tenant_id, operation_key)},
         # An exception's text may hold the operation key or a target's answer.
         record_exception=False,
         set_status_on_exception=False,
     ) as current:
+        if not current.is_recording():  # no exporter: skip the digest and setters
+            yield EffectSpan(None)
+            return
+        current.set_attribute(DIGEST, operation_key_digest(tenant_id, operation_key))
         yield EffectSpan(current)
 
 
