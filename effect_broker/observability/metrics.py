@@ -19,10 +19,15 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Histogram, disable_created_metrics
 
 from effect_broker.domain.contracts import EffectContract
 from effect_broker.domain.records import EffectRecord
+
+# Each counter and histogram would also export a ``_created`` series (its creation
+# time), which Prometheus stores as one more series per label set: twice the series
+# for nothing the rules or the dashboard read. Process-wide, like the registry.
+disable_created_metrics()
 
 #: The labels every effect series carries (the pinned contract, never the caller).
 EFFECT_LABELS = ("tool", "contract", "contract_version", "safety_class")
