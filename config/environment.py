@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import base64
-import binascii
 import os
 import secrets
 import sys
 from pathlib import Path
 
 from effect_broker.domain.errors import ConfigurationError
+from effect_broker.domain.master_keys import MasterKeys, decode_key, parse_keyring
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -30,39 +30,36 @@ def env_bool(name: str, *, default: bool) -> bool:
 
 def decode_master_key(text: str, *, source: str) -> bytes:
     """Decode a base64 master key and insist on exactly 32 bytes (AES-256, HKDF root)."""
-    try:
-        key = base64.b64decode(text.strip(), validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ConfigurationError(f"{source} is not valid base64") from exc
-    if len(key) != 32:
-        raise ConfigurationError(
-            f"{source} must decode to 32 bytes, got {len(key)}; "
-            'generate one with: python -c "import os,base64;'
-            'print(base64.b64encode(os.urandom(32)).decode())"'
-        )
-    return key
+    return decode_key(text, source=source)
 
 
-def load_master_key(base_dir: Path, *, production: bool) -> bytes | None:
-    """Return the master key from the environment, a key file, or a local dev key.
+def load_master_keys(
+    base_dir: Path, *, production: bool
+) -> tuple[MasterKeys | None, Path | None]:
+    """The master keyring and the file it came from (None for the inline variable).
 
-    Development without a key gets one generated once into ``.effect-broker/`` so that
-    encrypted payloads written by one run can still be read by the next.
+    ``EFFECT_BROKER_MASTER_KEY`` holds one key (id k1). ``EFFECT_BROKER_MASTER_KEY_FILE``
+    holds one key or a keyring (domain/master_keys.py), which ``effect-broker keys
+    rotate`` can extend. Development without either gets one generated once into
+    ``.effect-broker/`` so that payloads written by one run can be read by the next.
     """
     inline = os.environ.get("EFFECT_BROKER_MASTER_KEY", "")
     if inline.strip():
-        return decode_master_key(inline, source="EFFECT_BROKER_MASTER_KEY")
+        return parse_keyring(inline, source="EFFECT_BROKER_MASTER_KEY"), None
     key_file = os.environ.get("EFFECT_BROKER_MASTER_KEY_FILE", "")
     if key_file.strip():
+        path = Path(key_file)
         try:
-            text = Path(key_file).read_text(encoding="ascii")
-        except OSError as exc:
+            text = path.read_text(encoding="ascii")
+        except (OSError, UnicodeDecodeError) as exc:
             raise ConfigurationError(
                 f"EFFECT_BROKER_MASTER_KEY_FILE {key_file!r} cannot be read: {exc}"
             ) from exc
-        return decode_master_key(text, source=f"EFFECT_BROKER_MASTER_KEY_FILE {key_file}")
+        return parse_keyring(
+            text, source=f"EFFECT_BROKER_MASTER_KEY_FILE {key_file}"
+        ), path
     if production:
-        return None
+        return None, None
     dev_file = base_dir / ".effect-broker" / "dev-master.key"
     if not dev_file.exists():
         dev_file.parent.mkdir(parents=True, exist_ok=True)
@@ -74,7 +71,9 @@ def load_master_key(base_dir: Path, *, production: bool) -> bytes | None:
         else:
             with os.fdopen(fd, "w", encoding="ascii") as fh:
                 fh.write(base64.b64encode(secrets.token_bytes(32)).decode())
-    return decode_master_key(dev_file.read_text(encoding="ascii"), source=str(dev_file))
+    return parse_keyring(
+        dev_file.read_text(encoding="ascii"), source=str(dev_file)
+    ), dev_file
 
 
 def refuse_unsafe_production(

@@ -14,9 +14,10 @@ from config import capacity
 from config.database import choose_database
 from config.environment import (
     env_bool,
-    load_master_key,
+    load_master_keys,
     refuse_unsafe_production,
 )
+from config.transport_security import transport_security
 from effect_broker.observability import settings_values as observability
 from effect_broker.observability.database import with_query_metrics
 
@@ -38,8 +39,16 @@ ALLOWED_HOSTS = [
     if h.strip()
 ]
 
-#: 32-byte root key for payload encryption and per-tenant HMAC keys (base64).
-EFFECT_BROKER_MASTER_KEY: bytes | None = load_master_key(BASE_DIR, production=PRODUCTION)
+#: The master keyring (domain/master_keys.py): the last key encrypts new payloads,
+#: each key decrypts what it wrote; the file it came from, when it can be rotated.
+EFFECT_BROKER_MASTER_KEYS, EFFECT_BROKER_MASTER_KEY_PATH = load_master_keys(
+    BASE_DIR, production=PRODUCTION
+)
+#: The hashing root (the keyring's first key): request-hash and per-tenant HMAC keys
+#: are derived from it.
+EFFECT_BROKER_MASTER_KEY: bytes | None = (
+    EFFECT_BROKER_MASTER_KEYS.hash_root if EFFECT_BROKER_MASTER_KEYS else None
+)
 #: Path of the versioned tool-contract file (TOML).
 EFFECT_BROKER_CONTRACTS = os.environ.get(
     "EFFECT_BROKER_CONTRACTS", str(BASE_DIR / "examples" / "contracts.toml")
@@ -52,6 +61,10 @@ refuse_unsafe_production(
     debug=DEBUG,
     secret_key=SECRET_KEY,
 )
+
+# HTTPS: redirect, HSTS and secure cookies by default in production (config/
+# transport_security.py; `check --deploy` reports nothing).
+globals().update(transport_security(production=PRODUCTION))
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -146,6 +159,19 @@ def _positive_int(name: str, default: int) -> int:
     return int(raw)
 
 
+def _non_negative(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also refuses NaN
+        from effect_broker.domain.errors import ConfigurationError
+
+        raise ConfigurationError(f"{name} must be a number >= 0, got {raw!r}")
+    return value
+
+
 #: Largest request body accepted, in bytes (effect_broker.api.body_limit refuses a
 #: larger one with 413 before reading it; issue 12). Django's own limit is the same
 #: figure, so a body that reaches Django some other way (WSGI) is refused alike.
@@ -157,6 +183,18 @@ EFFECT_BROKER_ARGUMENT_LIMITS = {
     "max_depth": _positive_int("EFFECT_BROKER_MAX_ARGUMENT_DEPTH", 20),
     "max_string_length": _positive_int("EFFECT_BROKER_MAX_ARGUMENT_STRING_LENGTH", 65536),
 }
+#: Per-tenant submits per second in each API process (0 turns the limit off) and the
+#: burst a quiet tenant may spend at once (effect_broker.api.rate_limit; issue 12).
+EFFECT_BROKER_TENANT_SUBMIT_RATE = _non_negative(
+    "EFFECT_BROKER_TENANT_SUBMIT_RATE", 100.0
+)
+EFFECT_BROKER_TENANT_SUBMIT_BURST = _non_negative(
+    "EFFECT_BROKER_TENANT_SUBMIT_BURST", 2 * EFFECT_BROKER_TENANT_SUBMIT_RATE
+)
+#: Directory of per-tenant secret files that {"$secret": "file:NAME"} arguments name
+#: (<dir>/<tenant id>/NAME); unset: file references are unavailable. Env references
+#: read EFFECT_BROKER_SECRET_<NAME> (effect_broker/services/secrets.py).
+EFFECT_BROKER_SECRETS_DIR = os.environ.get("EFFECT_BROKER_SECRETS_DIR", "").strip()
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"

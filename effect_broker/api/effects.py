@@ -15,8 +15,10 @@ from ninja import Field, Query, Router, Schema, Status
 from ninja.security import HttpBearer
 from pydantic import ConfigDict
 
+from effect_broker.api.rate_limit import submit_limiter
 from effect_broker.api.schemas import EffectOut, effect_out, with_problems
 from effect_broker.domain.keys import MAX_OPERATION_KEY_LENGTH
+from effect_broker.domain.rate_limit import submit_cost
 from effect_broker.domain.records import (
     MAX_REQUESTED_BY_LENGTH,
     MAX_TOOL_LENGTH,
@@ -26,6 +28,7 @@ from effect_broker.domain.records import (
 from effect_broker.domain.states import EffectStatus
 from effect_broker.models import Tenant
 from effect_broker.services import inspection, resolution
+from effect_broker.services.inspection import MAX_PAGE
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import authenticate
 
@@ -35,6 +38,24 @@ class ApiKeyAuth(HttpBearer):
 
     def authenticate(self, request: HttpRequest, token: str) -> Tenant:
         return authenticate(token)
+
+
+class SubmitKeyAuth(ApiKeyAuth):
+    """The tenant key, then the tenant's submit rate limit: charged here, before the
+    body is parsed, so a refused submit costs what a refused key does."""
+
+    def authenticate(self, request: HttpRequest, token: str) -> Tenant:
+        tenant = authenticate(token)
+        if (limiter := submit_limiter()) is not None:
+            limiter.charge(str(tenant.pk), submit_cost(_declared_length(request)))
+        return tenant
+
+
+def _declared_length(request: HttpRequest) -> int:
+    # The body-size middleware has already refused a length over the limit, and a
+    # chunked body past it; a missing or odd header counts as an empty body.
+    raw = request.META.get("CONTENT_LENGTH") or "0"
+    return int(raw) if raw.isdigit() else 0
 
 
 router = Router(auth=ApiKeyAuth(), tags=["effects"])
@@ -65,7 +86,9 @@ class ListFilters(Schema):
     status: EffectStatus | None = None
     tool: str | None = None
     operation_prefix: str | None = None
-    limit: int = 50
+    #: A page is bounded (issue 12): at most MAX_PAGE effects, each with a preview
+    #: bounded by its contract; a larger limit is a 422, not a silent clamp.
+    limit: int = Field(50, ge=1, le=MAX_PAGE)
 
 
 class ReconcileOut(EffectOut):
@@ -117,8 +140,9 @@ class ReceiptOut(Schema):
 
 @router.post(
     "/v1/effects",
-    response=with_problems({200: EffectOut, 202: EffectOut}, 403, 409, 415),
+    response=with_problems({200: EffectOut, 202: EffectOut}, 403, 409, 415, 429),
     summary="Reserve an effect (202 new, 200 replay, 409 payload drift)",
+    auth=SubmitKeyAuth(),
 )
 def submit_effect(request: HttpRequest, body: SubmitIn) -> Status[dict[str, Any]]:
     reservation = submit(

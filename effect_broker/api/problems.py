@@ -155,7 +155,12 @@ def domain_error(request: HttpRequest, exc: EffectBrokerError) -> HttpResponse:
         for k, v in exc.details.items()
         if isinstance(v, str | int | bool) and k not in _PROBLEM_MEMBERS
     }
-    return problem(exc.http_status, exc.code, str(exc), **safe)
+    response = problem(exc.http_status, exc.code, str(exc), **safe)
+    # A refusal that names when to come back (rate_limited) says so in the header
+    # clients and proxies read, not only in the body.
+    if isinstance(wait := exc.details.get("retry_after_seconds"), int):
+        response["Retry-After"] = str(wait)
+    return response
 
 
 def _field(error: dict[str, Any]) -> str:

@@ -261,6 +261,26 @@ class EmbeddedPostgresUnavailable(BrokerError):
     mirrors = domain.EmbeddedPostgresError
 
 
+class InvalidSecretRef(BrokerError):
+    """A ``{"$secret": ...}`` argument is malformed (422); nothing was stored."""
+
+    mirrors = domain.InvalidSecretRefError
+
+
+class SecretUnavailable(BrokerError):
+    """A worker could not find a referenced secret; the effect failed before any
+    send. Seen as an effect's reason, not as an HTTP answer."""
+
+    mirrors = domain.SecretUnavailableError
+
+
+class RateLimited(BrokerError):
+    """The tenant submitted faster than its limit and the broker did nothing (429 with
+    ``Retry-After``). The client waits and resends with the same operation key."""
+
+    mirrors = domain.RateLimitedError
+
+
 class Overloaded(BrokerError):
     """The broker was at capacity and did no work for this request (503 with
     ``Retry-After``). The client resends it like any 5xx: with the same operation key

@@ -227,6 +227,25 @@ def _parse_float(text: str) -> float:
     return number
 
 
+def _decode_error(exc: json.JSONDecodeError) -> tuple[str, int, int]:
+    """The decoder's message and position, worded the same on every Python version.
+
+    Python 3.13 names a trailing comma ("Illegal trailing comma before end of object",
+    at the comma); 3.11 and 3.12 report the token after it. A client's error must not
+    change with the server's interpreter, so the older wording is rewritten to 3.13's.
+    """
+    doc, pos = exc.doc, exc.pos
+    closer = doc[pos : pos + 1]
+    before = doc[:pos].rstrip()
+    if closer in ("}", "]") and before.endswith(","):
+        comma = len(before) - 1
+        kind = "object" if closer == "}" else "array"
+        line = doc.count("\n", 0, comma) + 1
+        column = comma - doc.rfind("\n", 0, comma)
+        return f"Illegal trailing comma before end of {kind}", line, column
+    return exc.msg, exc.lineno, exc.colno
+
+
 def parse_json_strict(data: str | bytes) -> object:
     """Parse JSON text, refusing duplicate keys, NaN/Infinity, big numbers, bad UTF-8."""
     if isinstance(data, bytes | bytearray | memoryview):
@@ -247,10 +266,11 @@ def parse_json_strict(data: str | bytes) -> object:
             parse_float=_parse_float,
         )
     except json.JSONDecodeError as exc:
+        message, line, column = _decode_error(exc)
         raise InvalidJsonError(
-            f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-            line=exc.lineno,
-            column=exc.colno,
+            f"malformed JSON: {message} at line {line} column {column}",
+            line=line,
+            column=column,
         ) from exc
     except RecursionError as exc:
         raise InvalidJsonError("JSON is nested too deeply") from exc

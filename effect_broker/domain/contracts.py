@@ -192,6 +192,9 @@ class EffectContract:
             isinstance(item, str) for item in self.preview_fields
         ):
             self._fail("preview_fields", "must be a list of strings")
+        if any(item.startswith("$") for item in self.preview_fields):
+            # "$hidden_fields" counts the arguments a preview leaves out.
+            self._fail("preview_fields", "names may not start with '$'")
         object.__setattr__(self, "preview_fields", tuple(self.preview_fields))
         if not isinstance(self.active, bool):
             self._fail("active", "must be true or false")

@@ -150,6 +150,26 @@ class DisallowedHostError(EffectBrokerError):
     http_status = 400
 
 
+class InvalidSecretRefError(EffectBrokerError):
+    """A secret reference is malformed: write {"$secret": "env:NAME"} or
+    {"$secret": "file:NAME"}."""
+
+    code = "invalid_secret_ref"
+    http_status = 422
+
+
+class SecretUnavailableError(EffectBrokerError):
+    """The dispatching worker cannot find a secret an effect refers to; nothing was
+    sent.
+
+    Recorded as the effect's terminal reason before any attempt starts, never answered
+    over HTTP: a submit does not look secrets up.
+    """
+
+    code = "secret_unavailable"
+    http_status = 500
+
+
 class PayloadConflictError(EffectBrokerError):
     """This operation_key was already used with a different payload or contract."""
 
@@ -296,6 +316,17 @@ class CredentialInQueryError(EffectBrokerError):
 
     code = "credential_in_query"
     http_status = 400
+
+
+class RateLimitedError(EffectBrokerError):
+    """This tenant is submitting faster than its limit; nothing was done, retry after
+    the ``Retry-After`` seconds with the same operation key.
+
+    Refused before the body is parsed, so one tenant's flood costs the others little.
+    """
+
+    code = "rate_limited"
+    http_status = 429
 
 
 class OperatorForbiddenError(EffectBrokerError):

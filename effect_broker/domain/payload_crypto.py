@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from effect_broker.domain.canonical import MAX_SAFE_INTEGER
 from effect_broker.domain.errors import ConfigurationError, DecryptionError
 from effect_broker.domain.keys import MASTER_KEY_BYTES
+from effect_broker.domain.secret_refs import is_well_formed_ref
 
 NONCE_BYTES = 12
 """AES-GCM nonce length (96 bits, random per encryption)."""
@@ -119,6 +120,8 @@ def decrypt(
 
 
 def _is_previewable(value: object) -> bool:
+    if is_well_formed_ref(value):
+        return True  # a reference names a secret and holds none (domain/secret_refs)
     if value is None or isinstance(value, bool):
         return True
     if isinstance(value, int):
@@ -130,14 +133,31 @@ def _is_previewable(value: object) -> bool:
     return False
 
 
+#: The preview member that counts the arguments it does not show. ``$`` cannot start
+#: a contract's preview field (domain/contracts.py), so it never collides with one.
+HIDDEN_FIELDS = "$hidden_fields"
+
+
 def redacted_preview(
     arguments: Mapping[str, object], allowed_fields: Collection[str]
 ) -> dict[str, object]:
-    """Return top-level arguments with every value not explicitly allowed redacted."""
-    # Allow-list, not deny-list: a new argument added by a caller is hidden until a
-    # contract names it (spec "Data model": the preview must be non-sensitive).
+    """Return the contract-allowed top-level arguments, each value shown only if it is
+    a short scalar, and the number of other arguments under ``HIDDEN_FIELDS``.
+
+    Allow-list, not deny-list: a new argument added by a caller is hidden until a
+    contract names it (spec "Data model": the preview must be non-sensitive). Names
+    are hidden too, not only values: a key can itself be the secret (issue 12 found
+    ``{"4111111111111111": "x"}`` in a preview). Only the count is shown, so the
+    preview's size is bounded by the contract, not by the caller.
+    """
     allowed = frozenset(allowed_fields)
-    return {
-        str(key): value if key in allowed and _is_previewable(value) else REDACTED
-        for key, value in arguments.items()
-    }
+    preview: dict[str, object] = {}
+    hidden = 0
+    for key, value in arguments.items():
+        if key in allowed:
+            preview[str(key)] = value if _is_previewable(value) else REDACTED
+        else:
+            hidden += 1
+    if hidden:
+        preview[HIDDEN_FIELDS] = hidden
+    return preview

@@ -5,7 +5,7 @@ many are unknown now and for how long (a worker that recorded one may be long go
 So each scrape of the API's ``/metrics`` runs ONE bounded query:
 
 * it reads only rows in ``outcome_unknown`` or ``manual_review``, through the partial
-  index ``effect_intents_awaiting_idx`` (migration 0011), so its cost follows the
+  index ``effect_intents_awaiting_idx`` (migration 0012), so its cost follows the
   waiting effects, not the ledger's size;
 * it groups by the pinned contract (tool, name, version, safety class): as many
   groups as there are contract versions with waiting effects, never one per tenant;

@@ -11,6 +11,8 @@ refuses unless the lease is provably still held.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any, cast
 
 from django.db import transaction
 
@@ -20,10 +22,12 @@ from effect_broker.domain.contracts import EffectContract
 from effect_broker.domain.errors import (
     OutcomeUnknownError,
     RetryableAdapterError,
+    SecretUnavailableError,
     StaleWriteError,
     TerminalAdapterError,
 )
 from effect_broker.domain.records import EffectRecord
+from effect_broker.domain.secret_refs import find_refs, resolve_refs
 from effect_broker.domain.states import EffectStatus
 from effect_broker.observability import metrics
 from effect_broker.observability.instrumentation import dispatch_span, timed_attempt
@@ -126,6 +130,10 @@ def send_attempt(
     """Commit DISPATCHING + attempt, call the adapter once behind the send gate, and
     record what happened."""
     arguments = load_arguments(rt, record, sealed)
+    try:
+        arguments = _with_secrets(rt, record, arguments)
+    except SecretUnavailableError as exc:
+        return _refuse_unavailable_secret(rt, record, exc, worker=worker)
     # Read BEFORE the claim is sent: the lease the database starts is no older than
     # this, so "claimed_at + lease - margin" is a moment the lease provably holds.
     claimed_at = rt.clock.monotonic()
@@ -189,6 +197,35 @@ def send_attempt(
     )
 
 
+def _with_secrets(
+    rt: Runtime, record: EffectRecord, arguments: Mapping[str, Any]
+) -> Mapping[str, Any]:
+    """The arguments with every ``{"$secret": ...}`` replaced by its value, looked up
+    here, in the dispatching worker, and kept only in memory for this attempt."""
+    if not find_refs(arguments):
+        return arguments
+    return cast(
+        Mapping[str, Any],
+        resolve_refs(arguments, lambda ref: rt.secrets.lookup(record.tenant_id, ref)),
+    )
+
+
+def _refuse_unavailable_secret(
+    rt: Runtime, record: EffectRecord, exc: SecretUnavailableError, *, worker: str
+) -> EffectRecord:
+    """A missing secret is refused before any attempt starts: nothing was sent, so
+    this attempt proves nothing committed. An earlier attempt in doubt still goes to
+    reconciliation or an operator, never to failed_final (outcomes.record_failed)."""
+    return outcomes.record_failed(
+        rt,
+        record,
+        actor=worker,
+        attempt_id=None,
+        reason=f"{exc.code}: {exc}",
+        event_type="secret_unavailable",
+    )
+
+
 def _dispatch_transactional(
     rt: Runtime,
     record: EffectRecord,
@@ -204,6 +241,10 @@ def _dispatch_transactional(
     effect is still PREPARED and the next job applies it exactly once.
     """
     arguments = load_arguments(rt, record, sealed)
+    try:
+        arguments = _with_secrets(rt, record, arguments)
+    except SecretUnavailableError as exc:
+        return _refuse_unavailable_secret(rt, record, exc, worker=worker)
     with transaction.atomic():
         started, attempt_id = store.start_attempt(
             record,

@@ -24,8 +24,10 @@ from effect_broker.domain.contracts import (
 )
 from effect_broker.domain.errors import ConfigurationError
 from effect_broker.domain.keys import derive_tenant_hmac_key
-from effect_broker.domain.payload_crypto import Keyring
+from effect_broker.domain.payload_crypto import Keyring, derive_payload_key
 from effect_broker.scheduling import ProcrastinateScheduler
+from effect_broker.services import secrets
+from effect_broker.services.secrets import SecretSource
 
 if TYPE_CHECKING:
     from effect_broker.adapters.base import EffectAdapter
@@ -82,6 +84,8 @@ class Runtime:
     adapter_for: Callable[[EffectContract], EffectAdapter]
     timing: EngineTiming
     argument_limits: ArgumentLimits = field(default_factory=ArgumentLimits)
+    #: Where a dispatching worker finds referenced secrets (services/secrets.py).
+    secrets: SecretSource = field(default_factory=SecretSource)
 
     def tenant_hmac_key(self, hmac_key_id: str) -> bytes:
         """Derive a tenant's downstream-key HMAC key from the master key."""
@@ -90,6 +94,18 @@ class Runtime:
 
 _lock = threading.Lock()
 _current: Runtime | None = None
+
+
+def _payload_keyring(hash_root: bytes) -> Keyring:
+    """Data keys for every master key in the keyring (settings.EFFECT_BROKER_MASTER_KEYS),
+    the current one active; just the one key when settings were built without it."""
+    keys = getattr(settings, "EFFECT_BROKER_MASTER_KEYS", None)
+    if keys is None:
+        return Keyring.from_master_key(hash_root)
+    return Keyring(
+        active_key_id=keys.current_id,
+        keys={kid: derive_payload_key(master, kid) for kid, master in keys.entries},
+    )
 
 
 def _build() -> Runtime:
@@ -102,7 +118,7 @@ def _build() -> Runtime:
     return Runtime(
         registry=load_contracts(settings.EFFECT_BROKER_CONTRACTS),
         master_key=master,
-        keyring=Keyring.from_master_key(master),
+        keyring=_payload_keyring(master),
         clock=SystemClock(),
         scheduler=ProcrastinateScheduler(),
         adapter_for=build_adapter,
@@ -115,6 +131,7 @@ def _build() -> Runtime:
             redefer_grace=timedelta(seconds=timing["redefer_grace_seconds"]),
         ),
         argument_limits=ArgumentLimits(**settings.EFFECT_BROKER_ARGUMENT_LIMITS),
+        secrets=secrets.from_settings(),
     )
 
 
@@ -136,6 +153,7 @@ def override(
     scheduler: Scheduler | None = None,
     adapter_for: Callable[[EffectContract], EffectAdapter] | None = None,
     timing: EngineTiming | None = None,
+    secrets: SecretSource | None = None,
 ) -> Iterator[Runtime]:
     """Temporarily replace collaborators (tests, simulations); restores them after."""
     global _current
@@ -146,6 +164,7 @@ def override(
         "scheduler": scheduler,
         "adapter_for": adapter_for,
         "timing": timing,
+        "secrets": secrets,
     }
     changed = replace(previous, **{k: v for k, v in changes.items() if v is not None})
     _current = changed

@@ -35,6 +35,7 @@ from effect_broker.domain.records import (
     EffectRequest,
     Reservation,
 )
+from effect_broker.domain.secret_refs import find_refs
 from effect_broker.models import Tenant
 from effect_broker.observability.instrumentation import (
     observed_submit,
@@ -106,6 +107,8 @@ def submit(
         raise InvalidRequestError("arguments must be a JSON object")
     # Before canonicalising, hashing or previewing: the caps bound that work.
     check_arguments(request.arguments, rt.argument_limits)
+    # A malformed {"$secret": ...} is refused now, not found missing at dispatch.
+    find_refs(request.arguments)
     contract = rt.registry.for_tool(request.tool)
     tenant_id = str(tenant.id)
     canonical_args = canonical_json(dict(request.arguments))

@@ -445,7 +445,7 @@ def test_the_openapi_schema_declares_the_error_statuses_of_every_operation(
     }
     every = {"400", "413", "422", "503"}
     assert declared[("POST", "/v1/effects")] == {
-        "200", "202", "401", "403", "409", "415", *every
+        "200", "202", "401", "403", "409", "415", "429", *every
     }  # fmt: skip
     assert declared[("GET", "/v1/effects/{effect_id}")] == {"200", "401", "404", *every}
     assert declared[("POST", "/v1/effects/{effect_id}/resolve")] == {

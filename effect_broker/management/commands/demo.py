@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
-from effect_broker.domain.errors import PayloadConflictError
+from effect_broker.domain.errors import InvalidRequestError, PayloadConflictError
 from effect_broker.domain.records import EffectRequest
 from effect_broker.management.crash_matrix_options import (
     add_crash_matrix_arguments,
@@ -24,7 +24,9 @@ class Command(BaseCommand):
     help = (
         "Run a demonstration against the configured Postgres (embedded by default). "
         "'crash-matrix' kills real worker processes at every boundary and counts charges "
-        "in the target's own table; 'reservation' reserves, replays and refuses drift."
+        "in the target's own table; 'reservation' reserves, replays and refuses drift; "
+        "'agent' runs a scripted agent over MCP whose charge is delivered three times "
+        "while a worker dies after the target committed."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -40,13 +42,81 @@ class Command(BaseCommand):
             )
         )
 
+        agent = sub.add_parser(
+            "agent",
+            help="a scripted agent charges order 42 over MCP: 3 deliveries, a worker "
+            "SIGKILLed after the target commits; counts the target's charges",
+            description=(
+                "Run the demo agent (scripted model by default) as a real MCP client of "
+                "`effect-broker mcp --transport stdio` on a scratch database: it is "
+                "asked to 'charge order 42', "
+                "the transport delivers the tool call three times with the same "
+                "operation key, and the worker dispatching it is SIGKILLed right after "
+                "the payments service commits the charge (a failpoint). A replacement "
+                "worker finishes the effect. Prints the target's own charge count and "
+                "the receipt; exits 1 unless the target holds exactly one charge."
+            ),
+        )
+        agent.add_argument(
+            "--provider",
+            choices=["scripted", "openai", "grok"],
+            default="scripted",
+            help="the model: scripted (default, deterministic, offline), openai "
+            "(OPENAI_API_KEY) or grok (XAI_API_KEY, via https://api.x.ai/v1); the "
+            "live ones need pip install 'effect-broker[demo-agent]'",
+        )
+        agent.add_argument(
+            "--model",
+            help="the live provider's model (default $OPENAI_MODEL / $XAI_MODEL, else "
+            "gpt-4.1-mini / grok-3-mini)",
+        )
+        agent.add_argument(
+            "--deliveries",
+            type=int,
+            default=3,
+            help="times the transport delivers the tool call (default 3)",
+        )
+        agent.add_argument(
+            "--keep-database",
+            action="store_true",
+            help="keep the scratch database afterwards and print its URL",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["demo"] == "reservation":
+        if options["demo"] == "agent":
+            self._agent(options)
+        elif options["demo"] == "reservation":
             self._reservation()
         elif options["demo"] == "crash-matrix":
             code = run_crash_matrix(self.stdout, options)
             if code:
                 raise SystemExit(code)
+
+    def _agent(self, options: dict[str, Any]) -> None:
+        if not 1 <= options["deliveries"] <= 10:
+            raise InvalidRequestError("--deliveries must be between 1 and 10")
+        # Imported here: the demo lives in examples/ and needs the dev install.
+        from examples.agent.demo import run_agent_demo
+        from examples.agent.providers import GrokProvider, OpenAIProvider
+
+        provider = None
+        if options["provider"] != "scripted":
+            live = OpenAIProvider if options["provider"] == "openai" else GrokProvider
+            try:
+                # Before anything starts: a missing key is one line, nothing to undo.
+                provider = live(model=options["model"])
+            except ValueError as exc:
+                raise InvalidRequestError(str(exc)) from exc
+        elif options["model"]:
+            raise InvalidRequestError("--model applies to --provider openai or grok")
+        code = run_agent_demo(
+            self.stdout,
+            provider=provider,
+            keep_database=options["keep_database"],
+            copies=options["deliveries"],
+        )
+        if code:
+            raise SystemExit(code)
 
     def _say(self, text: str) -> None:
         self.stdout.write(text)

@@ -349,8 +349,10 @@ def test_given_safe_bounds_then_parse_accepts() -> None:
         ("", "malformed JSON: Expecting value at line 1 column 1"),
         (
             '{"a": 1,}',
-            "malformed JSON: Expecting property name enclosed in double quotes",
+            "malformed JSON: Illegal trailing comma before end of object at line 1 "
+            "column 8",
         ),
+        ("[1,\n]", "malformed JSON: Illegal trailing comma before end of array"),
         ("{'a': 1}", "malformed JSON: Expecting property name enclosed in double quotes"),
         ("[1] [2]", "malformed JSON: Extra data at line 1 column 5"),
     ],

@@ -448,3 +448,18 @@ def test_given_registry_built_in_code_then_it_checks_uniqueness_too() -> None:
         "contract 'p.x' v1: field 'version': duplicate (name, version); each contract "
         "version is defined once"
     )
+
+
+def test_a_preview_field_may_not_start_with_a_dollar() -> None:
+    # "$hidden_fields" counts what a preview leaves out; a field must not shadow it.
+    toml = """
+[[contract]]
+name = "payments.charge"
+version = "1"
+tool = "charge_card"
+safety = "unsafe"
+adapter = "simulated"
+preview_fields = ["$hidden_fields"]
+"""
+    with pytest.raises(ContractError, match="preview_fields"):
+        parse_contracts(toml, source="inline")

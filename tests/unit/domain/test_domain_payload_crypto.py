@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from effect_broker.domain.errors import ConfigurationError, DecryptionError
 from effect_broker.domain.payload_crypto import (
+    HIDDEN_FIELDS,
     REDACTED,
     Keyring,
     decrypt,
@@ -143,7 +144,7 @@ def test_given_short_master_key_then_configuration_error() -> None:
 # --- redacted preview -------------------------------------------------------------------
 
 
-def test_given_allowed_scalars_then_they_are_kept_and_the_rest_redacted() -> None:
+def test_given_allowed_scalars_then_they_are_kept_and_the_rest_only_counted() -> None:
     arguments = {
         "amount": 1000,
         "currency": "EUR",
@@ -156,11 +157,21 @@ def test_given_allowed_scalars_then_they_are_kept_and_the_rest_redacted() -> Non
     assert preview == {
         "amount": 1000,
         "currency": "EUR",
-        "card_number": REDACTED,
         "metadata": REDACTED,  # nested objects are never shown, even when listed
-        "captured": REDACTED,
         "note": None,
+        HIDDEN_FIELDS: 2,  # card_number and captured: not even their names
     }
+
+
+def test_given_a_secret_as_a_key_name_then_the_name_is_not_shown() -> None:
+    # Issue 12: {"4111111111111111": "x"} appeared in the preview by name.
+    preview = redacted_preview({"4111111111111111": "x", "order": "42"}, ["order"])
+    assert preview == {"order": "42", HIDDEN_FIELDS: 1}
+    assert "4111111111111111" not in repr(preview)
+
+
+def test_given_nothing_hidden_then_there_is_no_count() -> None:
+    assert redacted_preview({"order": "42"}, ["order"]) == {"order": "42"}
 
 
 @pytest.mark.parametrize(
@@ -192,10 +203,11 @@ def test_given_any_arguments_then_preview_never_leaks_unlisted_values(
     arguments: dict[str, Any], allowed: frozenset[str]
 ) -> None:
     preview = redacted_preview(arguments, allowed)
-    assert set(preview) == set(arguments)
-    for key, shown in preview.items():
-        if key not in allowed:
-            assert shown == REDACTED
-        elif shown != REDACTED:
+    shown_keys = set(preview) - {HIDDEN_FIELDS}
+    assert shown_keys == set(arguments) & allowed
+    assert preview.get(HIDDEN_FIELDS, 0) == len(set(arguments) - allowed)
+    for key in shown_keys:
+        shown = preview[key]
+        if shown != REDACTED:
             assert shown is arguments[key]
             assert not isinstance(shown, dict | list)

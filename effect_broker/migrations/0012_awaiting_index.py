@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("effect_broker", "0010_trace_context"),
+        ("effect_broker", "0011_trace_context"),
     ]
 
     operations = [

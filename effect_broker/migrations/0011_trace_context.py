@@ -8,7 +8,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("effect_broker", "0009_effect_change_notify"),
+        ("effect_broker", "0010_preview_hides_names"),
     ]
 
     operations = [

@@ -1,0 +1,76 @@
+"""Per-tenant submit rate limit: 429 ``rate_limited`` with ``Retry-After`` (issue 12).
+
+Four clients of one tenant sending maximal submits pushed every other caller's
+latency up by two orders of magnitude. The limit is charged at authentication, before
+the body is parsed, canonicalised, encrypted or written, so a refused submit costs
+about what a refused key does. A submit costs one token plus one per 16 KiB of body
+(domain/rate_limit.py), because a large submit costs the process that much more.
+
+The buckets live in the API process: with N processes the tenant's ceiling is N times
+the setting (README "Configuration"). Keeping the count in PostgreSQL would make the
+limit exact but would add a statement to every submit, the path issue 13 is paring
+down; a per-process bucket bounds what one process spends on one tenant, which is the
+resource being protected.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from django.conf import settings
+
+from effect_broker.domain.errors import RateLimitedError
+from effect_broker.domain.rate_limit import RateLimit, TokenBucket, retry_after_seconds
+
+
+class TenantRateLimiter:
+    """One token bucket per tenant id, shared by the process's threads."""
+
+    def __init__(
+        self, limit: RateLimit, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._limit = limit
+        self._clock = clock
+        self._buckets: dict[str, TokenBucket] = {}
+        self._lock = threading.Lock()
+
+    def charge(self, tenant_id: str, cost: float = 1.0) -> None:
+        """Take ``cost`` from the tenant's bucket; raise ``RateLimitedError`` if short.
+
+        Buckets are kept per authenticated tenant, so their number is bounded by the
+        tenants that exist, never by what a client sends.
+        """
+        with self._lock:
+            now = self._clock()
+            bucket = self._buckets.get(tenant_id)
+            if bucket is None:
+                bucket = self._buckets[tenant_id] = TokenBucket(self._limit, now)
+            wait = bucket.take(now, cost)
+        if wait > 0:
+            seconds = retry_after_seconds(wait)
+            raise RateLimitedError(
+                f"this tenant is over its submit rate ({self._limit.rate:g} per second, "
+                f"a large body counting as several); "
+                f"retry in {seconds} s with the same operation key",
+                retry_after_seconds=seconds,
+            )
+
+
+_limiter: TenantRateLimiter | None = None
+_configured: tuple[float, float] | None = None
+
+
+def submit_limiter() -> TenantRateLimiter | None:
+    """The process's limiter, or None when ``EFFECT_BROKER_TENANT_SUBMIT_RATE`` is 0."""
+    global _limiter, _configured
+    rate = float(settings.EFFECT_BROKER_TENANT_SUBMIT_RATE)
+    burst = float(settings.EFFECT_BROKER_TENANT_SUBMIT_BURST)
+    if rate <= 0:
+        return None
+    # Rebuilt when the settings change (tests override them); otherwise one per process.
+    if _limiter is None or _configured != (rate, burst):
+        _limiter = TenantRateLimiter(RateLimit(rate=rate, burst=max(1.0, burst)))
+        _configured = (rate, burst)
+    return _limiter

@@ -1,0 +1,94 @@
+"""The hosted CI workflow (.github/workflows/ci.yml) runs commands that exist.
+
+No hosted runner executes this workflow during development, so these tests are what
+keeps it honest: the layers it promises are there, on the interpreters the classifiers
+name, and every `run:` line calls a command, path or option this project has.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.unit.command_lines import check_line
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOW = ROOT / ".github" / "workflows" / "ci.yml"
+PYTHONS = ["3.11", "3.12", "3.13"]
+
+
+def workflow() -> dict[str, Any]:
+    loaded = yaml.safe_load(WORKFLOW.read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def run_lines() -> list[tuple[str, str]]:
+    lines = []
+    for job_name, job in workflow()["jobs"].items():
+        for step in job["steps"]:
+            if "run" in step:
+                lines.extend((job_name, line) for line in step["run"].splitlines())
+    return lines
+
+
+def test_the_workflow_has_every_layer_the_project_promises() -> None:
+    jobs = workflow()["jobs"]
+    assert set(jobs) >= {
+        "lint",
+        "unit",
+        "integration",
+        "crash-matrix",
+        "package",
+        "image",
+    }
+    # YAML 1.1 reads a bare `on:` key as True.
+    triggers = workflow().get("on") or workflow().get(True)
+    assert "push" in triggers
+    assert "pull_request" in triggers
+
+
+@pytest.mark.parametrize("job", ["unit", "integration", "crash-matrix"])
+def test_the_suite_runs_on_every_supported_interpreter(job: str) -> None:
+    matrix = workflow()["jobs"][job]["strategy"]["matrix"]
+    assert matrix["python"] == PYTHONS
+
+
+def test_integration_runs_against_a_postgres_service_through_database_url() -> None:
+    job = workflow()["jobs"]["integration"]
+    assert "postgres" in job["services"]
+    assert job["env"]["DATABASE_URL"].startswith("postgresql://")
+
+
+def test_the_classifiers_name_exactly_the_interpreters_ci_tests() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    named = sorted(
+        c.rsplit(" ", 1)[1]
+        for c in project["classifiers"]
+        if c.startswith("Programming Language :: Python :: 3.")
+    )
+    assert named == PYTHONS
+
+
+@pytest.mark.parametrize(
+    ("job", "line"), run_lines(), ids=[f"{j}:{line[:40]}" for j, line in run_lines()]
+)
+def test_every_command_the_workflow_runs_exists(job: str, line: str) -> None:
+    check_line(line)
+
+
+def test_the_checker_refuses_a_command_that_does_not_exist() -> None:
+    # The parametrised test above is only worth something if the checker can fail.
+    for bad in (
+        "effect-broker no-such-command",
+        "effect-broker demo crash-matrix --no-such-flag",
+        "pytest tests/no_such_dir",
+        "python -m no_such_module_here",
+        "frobnicate --now",
+    ):
+        with pytest.raises(AssertionError):
+            check_line(bad)
