@@ -18,6 +18,8 @@ from config.environment import (
     refuse_unsafe_production,
 )
 from config.transport_security import transport_security
+from effect_broker.observability import settings_values as observability
+from effect_broker.observability.database import with_query_metrics
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -83,6 +85,9 @@ INSTALLED_APPS = [
 # straight on, which under ASGI saves two thread hops each (issue 13: /healthz cost
 # 3.3-5.3 ms of CPU). Being subclasses, they satisfy the admin's system checks.
 MIDDLEWARE = [
+    # Outermost of all: django-prometheus's HTTP metrics, without thread hops, so
+    # even a request the boundary refuses is counted (docs/observability.md).
+    "effect_broker.observability.http_metrics.http_metrics_middleware",
     # Outermost: a bad Host or text PostgreSQL refuses in the path or query string is
     # refused here, and every error off the admin leaves as problem+json, never a
     # debug page, whatever DEBUG says (issue 12).
@@ -100,6 +105,8 @@ MIDDLEWARE = [
     # No connection to be had (pool timeout, PostgreSQL full): 503 overloaded with
     # Retry-After on every route, like the API's own handler, never a 500.
     "effect_broker.api.problems.CapacityErrorMiddleware",
+    # The caller's W3C traceparent becomes the submit span's parent (tracing).
+    "effect_broker.observability.tracing.trace_context_middleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -124,7 +131,10 @@ TEMPLATES = [
 #: api | worker | cli, set by config/asgi.py and the worker command (config/capacity.py).
 EFFECT_BROKER_PROCESS_ROLE = capacity.process_role()
 DATABASES = {
-    "default": capacity.apply_role(choose_database(), EFFECT_BROKER_PROCESS_ROLE)
+    # with_query_metrics: django-prometheus's query metrics; the pool is untouched.
+    "default": with_query_metrics(
+        capacity.apply_role(choose_database(), EFFECT_BROKER_PROCESS_ROLE)
+    )
 }
 #: The API process's in-flight request limit (effect_broker.api.admission).
 EFFECT_BROKER_API_ADMISSION = capacity.admission(
@@ -275,3 +285,18 @@ PROCRASTINATE_WORKER_DEFAULTS = {
     "fetch_job_polling_interval": _seconds("EFFECT_BROKER_JOB_POLL_SECONDS", 1.0),
     "shutdown_graceful_timeout": 30.0,
 }
+
+# --- Observability (docs/observability.md) ----------------------------------------
+#: Who may read the API's /metrics: public | token | off (and the bearer token).
+EFFECT_BROKER_METRICS_ACCESS, EFFECT_BROKER_METRICS_TOKEN = observability.metrics_access(
+    production=PRODUCTION
+)
+#: A worker's own metrics port (unset: none) and the address it binds.
+EFFECT_BROKER_WORKER_METRICS_PORT = observability.worker_metrics_port()
+EFFECT_BROKER_WORKER_METRICS_ADDR = (
+    os.environ.get("EFFECT_BROKER_WORKER_METRICS_ADDR", "").strip() or "0.0.0.0"  # noqa: S104
+)
+#: Unknown-age alert threshold of a contract that names none (unknown_alert_after).
+EFFECT_BROKER_UNKNOWN_ALERT_AFTER_SECONDS = _seconds(
+    "EFFECT_BROKER_UNKNOWN_ALERT_AFTER_SECONDS", 900.0
+)

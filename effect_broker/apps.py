@@ -9,3 +9,16 @@ class EffectBrokerConfig(AppConfig):
     name = "effect_broker"
     verbose_name = "Effect broker"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Where a worker process boots (`effect-broker procrastinate worker` sets the
+        # worker role before settings load): its metrics port, if one is configured,
+        # and span export, if OTLP is configured. Both are no-ops elsewhere.
+        from django.conf import settings
+
+        from effect_broker.observability import tracing, worker_metrics
+
+        worker_metrics.start_from_settings()
+        tracing.configure_from_environment(
+            f"effect-broker-{settings.EFFECT_BROKER_PROCESS_ROLE}"
+        )

@@ -134,6 +134,9 @@ class EffectIntent(LedgerModel):
     outcome_in_doubt = models.BooleanField(db_default=False)
     receipt_id = models.UUIDField(null=True, blank=True)
     trace_id = models.TextField(null=True, blank=True)
+    # The submit span's W3C traceparent, so a worker's spans continue that trace
+    # (effect_broker.observability.tracing); None when tracing saw no span.
+    trace_context = models.TextField(null=True, blank=True)
     requested_by = models.TextField(default="", blank=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
@@ -172,6 +175,13 @@ class EffectIntent(LedgerModel):
                 fields=["lease_expires_at"],
                 name="effect_intents_lease_idx",
                 condition=models.Q(status__in=["dispatching", "reconciling"]),
+            ),
+            # The /metrics scrape's "waiting for an answer or an operator" gauges
+            # (effect_broker.observability.collectors) read only these rows.
+            models.Index(
+                fields=["status"],
+                name="effect_intents_awaiting_idx",
+                condition=models.Q(status__in=["outcome_unknown", "manual_review"]),
             ),
         ]
 

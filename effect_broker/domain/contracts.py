@@ -21,6 +21,8 @@ File format (``contracts.toml``)::
     backoff_max = "1m"             # default 60s; must be >= backoff_initial
     attempt_timeout = "20s"        # total time one attempt may take; default: the
                                    # worker's lease less its send margin
+    unknown_alert_after = "15m"    # alert when an outcome stays unknown this long;
+                                   # default EFFECT_BROKER_UNKNOWN_ALERT_AFTER_SECONDS
     adapter = "http"               # default "simulated"
     preview_fields = ["amount", "currency"]   # arguments shown unredacted
     active = true                  # at most one active contract per tool; default true
@@ -178,6 +180,9 @@ class EffectContract:
     #: Total time one attempt may take, however the target trickles its answer;
     #: None means "the lease less the send margin" (``services.send_gate``).
     attempt_timeout: timedelta | None = None
+    #: How long an outcome may stay unknown before the shipped alert fires
+    #: (docs/observability.md); None: the deployment's default.
+    unknown_alert_after: timedelta | None = None
     adapter: str = "simulated"
     adapter_options: Mapping[str, object] = field(
         default_factory=lambda: MappingProxyType({})
@@ -212,6 +217,7 @@ class EffectContract:
             "backoff_initial",
             "backoff_max",
             "attempt_timeout",
+            "unknown_alert_after",
         ):
             duration = getattr(self, name)
             if duration is None and name.startswith("backoff"):
@@ -402,6 +408,7 @@ _FIELDS = (
     "backoff_initial",
     "backoff_max",
     "attempt_timeout",
+    "unknown_alert_after",
     "adapter",
     "adapter_options",
     "preview_fields",
@@ -417,6 +424,7 @@ _DURATION_FIELDS = (
     "backoff_initial",
     "backoff_max",
     "attempt_timeout",
+    "unknown_alert_after",
 )
 _LINE = re.compile(r"at line (\d+)")
 

@@ -70,6 +70,8 @@ class EffectRecord:
     #: Digest of the event at ``version`` (the next event chains to it), when read
     #: with the row; None when the row was read without it.
     head_digest: bytes | None = None
+    #: W3C ``traceparent`` of the submit's span: a worker's spans continue its trace.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

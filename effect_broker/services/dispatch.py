@@ -29,6 +29,8 @@ from effect_broker.domain.errors import (
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.secret_refs import find_refs, resolve_refs
 from effect_broker.domain.states import EffectStatus
+from effect_broker.observability import metrics
+from effect_broker.observability.instrumentation import dispatch_span, timed_attempt
 from effect_broker.services import deadlines, outcomes
 from effect_broker.services.lease import LeaseKeeper
 from effect_broker.services.outcomes import to_manual_review
@@ -39,11 +41,19 @@ logger = logging.getLogger(__name__)
 
 #: States from which a dispatch job may start an attempt.
 DISPATCHABLE = frozenset({EffectStatus.PREPARED, EffectStatus.RETRYABLE})
+#: How an attempt ended, as ``effect_broker_dispatch_attempts_total`` names it.
+_ATTEMPT_OUTCOME = {
+    "ok": "succeeded",
+    "retryable": "not_committed",
+    "terminal": "refused",
+    "unknown": "unknown",
+}
 
 
 def note_stale_write(rt: Runtime, error: StaleWriteError, *, actor: str) -> None:
     """Persist and log a fenced-out write (outside the refused transaction)."""
     store.record_stale_write(error, actor=actor, now=rt.clock.now())
+    metrics.stale_write()
     logger.warning(
         "stale write refused",
         extra={
@@ -68,11 +78,12 @@ def dispatch(
         rt.scheduler.dispatch(effect_id, at=record.next_action_at)
         return record
     contract = rt.registry.get(record.contract_name, record.contract_version)
-    try:
-        return _dispatch_due(rt, read, contract, worker=worker)
-    except StaleWriteError as exc:
-        note_stale_write(rt, exc, actor=worker)
-        return store.load_effect_for_worker(effect_id)
+    with dispatch_span(record) as span:  # a child of the submit's span
+        try:
+            return span.ended(_dispatch_due(rt, read, contract, worker=worker))
+        except StaleWriteError as exc:
+            note_stale_write(rt, exc, actor=worker)
+            return span.ended(store.load_effect_for_worker(effect_id))
 
 
 def _dispatch_due(
@@ -95,7 +106,10 @@ def _dispatch_due(
     if record.status is EffectStatus.RETRYABLE and not deadlines.within_key_retention(
         rt, record, read.database_now
     ):
+        metrics.retry_blocked(record)
         return to_manual_review(rt, record, actor=worker, reason="key retention expired")
+    if record.status is EffectStatus.RETRYABLE:
+        metrics.retry_retention(record, read.database_now)
     adapter = rt.adapter_for(contract)
     if adapter.transactional:
         return _dispatch_transactional(
@@ -143,18 +157,21 @@ def send_attempt(
             contract=contract,
             gate=keeper,
         )
-        try:
-            result = adapter.dispatch(request)
-        except RetryableAdapterError as exc:
-            # Includes SendRefusedError: the gate refused, nothing left the process.
-            # If the lease was taken over meanwhile, the fence refuses this write too.
-            failure: tuple[str, str] | None = ("retryable", str(exc))
-        except TerminalAdapterError as exc:
-            failure = ("terminal", str(exc))
-        except OutcomeUnknownError as exc:
-            failure = ("unknown", str(exc))
-        else:
-            failure = None
+        with timed_attempt(record) as attempt:
+            try:
+                result = adapter.dispatch(request)
+            except RetryableAdapterError as exc:
+                # Includes SendRefusedError: the gate refused, nothing left the
+                # process. If the lease was taken over meanwhile, the fence refuses
+                # this write too.
+                failure: tuple[str, str] | None = ("retryable", str(exc))
+            except TerminalAdapterError as exc:
+                failure = ("terminal", str(exc))
+            except OutcomeUnknownError as exc:
+                failure = ("unknown", str(exc))
+            else:
+                failure = None
+            attempt["outcome"] = _ATTEMPT_OUTCOME[failure[0] if failure else "ok"]
     held = keeper.current()
     if failure is None:
         return outcomes.record_success(
@@ -239,7 +256,8 @@ def _dispatch_transactional(
             effect=started, arguments=arguments, attempt_id=attempt_id, contract=contract
         )
         try:
-            with transaction.atomic():  # the mutation alone, so a refusal can be recorded
+            # The mutation alone, in its savepoint, so a refusal can be recorded.
+            with timed_attempt(started, rolled_back=True), transaction.atomic():
                 result = adapter.dispatch(request)
         except RetryableAdapterError as exc:
             return outcomes.record_retryable(

@@ -29,12 +29,15 @@ from effect_broker.domain.ids import new_row_id
 from effect_broker.domain.keys import digest_hex
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus
+from effect_broker.observability import metrics
 from effect_broker.services import deadlines
 from effect_broker.services.payloads import seal_result
 from effect_broker.services.runtime import Runtime
 from effect_broker.store import db_time
 
 _CLEAR_LEASE = {"lease_owner": None, "lease_expires_at": None}
+#: The ``via`` label of a success, by the event that recorded it.
+_VIA = {"dispatch_succeeded": "dispatch", "reconciled_committed": "reconcile"}
 
 #: Said wherever a refusal may not end an effect: the reason operators read.
 _IN_DOUBT = (
@@ -132,6 +135,7 @@ def record_success(
         # Only here has the receipt really committed (the transactional path commits
         # in its caller and passes this failpoint there).
         failpoints.hit("after_receipt_commit", subject=_subject(record))
+    metrics.succeeded(updated, via=_VIA.get(event_type, "other"), now=now)
     return updated
 
 
@@ -163,15 +167,17 @@ def record_retryable(
                 reason=f"retry limit reached ({reason}); {_IN_DOUBT}",
                 event_type="retries_exhausted_in_doubt",
             )
-        return store.transition(
-            record,
-            EffectStatus.FAILED_FINAL,
-            event_type="retries_exhausted",
-            actor=actor,
-            now=now,
-            metadata={"reason": reason, "attempts": record.attempt_count},
-            changes={**_CLEAR_LEASE, "next_action_at": None},
-            riders=(closed,),
+        return metrics.failed(
+            store.transition(
+                record,
+                EffectStatus.FAILED_FINAL,
+                event_type="retries_exhausted",
+                actor=actor,
+                now=now,
+                metadata={"reason": reason, "attempts": record.attempt_count},
+                changes={**_CLEAR_LEASE, "next_action_at": None},
+                riders=(closed,),
+            )
         )
     due = db_time.after_now(
         rt.clock.database_offset(), contract.backoff(record.attempt_count)
@@ -219,15 +225,17 @@ def record_failed(
                 event_type="refused_in_doubt",
             )
         return to_manual_review(rt, record, actor=actor, reason=f"{reason}; {_IN_DOUBT}")
-    return store.transition(
-        record,
-        EffectStatus.FAILED_FINAL,
-        event_type=event_type,
-        actor=actor,
-        now=now,
-        metadata={"reason": reason},
-        changes={**_CLEAR_LEASE, "next_action_at": None},
-        riders=closing,
+    return metrics.failed(
+        store.transition(
+            record,
+            EffectStatus.FAILED_FINAL,
+            event_type=event_type,
+            actor=actor,
+            now=now,
+            metadata={"reason": reason},
+            changes={**_CLEAR_LEASE, "next_action_at": None},
+            riders=closing,
+        )
     )
 
 
@@ -235,14 +243,16 @@ def to_manual_review(
     rt: Runtime, record: EffectRecord, *, actor: str, reason: str
 ) -> EffectRecord:
     """Stop automatic handling: the effect waits for an operator, with the reason."""
-    return store.transition(
-        record,
-        EffectStatus.MANUAL_REVIEW,
-        event_type="manual_review_required",
-        actor=actor,
-        now=rt.clock.now(),
-        metadata={"reason": reason},
-        changes={**_CLEAR_LEASE, "next_action_at": None},
+    return metrics.manual_review(
+        store.transition(
+            record,
+            EffectStatus.MANUAL_REVIEW,
+            event_type="manual_review_required",
+            actor=actor,
+            now=rt.clock.now(),
+            metadata={"reason": reason},
+            changes={**_CLEAR_LEASE, "next_action_at": None},
+        )
     )
 
 
@@ -322,4 +332,5 @@ def _write_unknown(
         )
         if updated.next_action_at is not None:
             rt.scheduler.reconcile(record.effect_id, at=updated.next_action_at)
+    metrics.unknown(updated, cause=event_type)
     return updated

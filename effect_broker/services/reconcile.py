@@ -25,6 +25,8 @@ from effect_broker.domain.contracts import EffectContract
 from effect_broker.domain.errors import StaleWriteError
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus, ProbeStatus, SafetyClass
+from effect_broker.observability import metrics
+from effect_broker.observability.instrumentation import reconcile_span
 from effect_broker.services import deadlines, outcomes
 from effect_broker.services.dispatch import note_stale_write, send_attempt
 from effect_broker.services.outcomes import to_manual_review
@@ -50,6 +52,17 @@ def reconcile(
         rt.scheduler.reconcile(effect_id, at=record.next_action_at)
         return record
     contract = rt.registry.get(record.contract_name, record.contract_version)
+    with reconcile_span(record) as work:  # its outcome counted by ended()
+        return work.ended(_reconcile_due(rt, record, contract, worker, database_now))
+
+
+def _reconcile_due(
+    rt: Runtime,
+    record: EffectRecord,
+    contract: EffectContract,
+    worker: str,
+    database_now: datetime,
+) -> EffectRecord:
     try:
         claimed = store.transition(
             record,
@@ -76,7 +89,7 @@ def reconcile(
         )
     except StaleWriteError as exc:
         note_stale_write(rt, exc, actor=worker)
-        return store.load_effect_for_worker(effect_id)
+        return store.load_effect_for_worker(record.effect_id)
 
 
 def _reconcile_idempotent(
@@ -88,6 +101,7 @@ def _reconcile_idempotent(
     database_now: datetime,
 ) -> EffectRecord:
     if not deadlines.within_key_retention(rt, record, database_now):
+        metrics.retry_blocked(record)
         return to_manual_review(
             rt, record, actor=worker, reason="downstream key retention expired"
         )
@@ -96,6 +110,7 @@ def _reconcile_idempotent(
             rt, record, actor=worker, reason="retry limit reached with outcome unknown"
         )
     # The same key on the wire again: the target deduplicates, so at most one effect.
+    metrics.retry_retention(record, database_now)
     return send_attempt(rt, record, contract, rt.adapter_for(contract), worker=worker)
 
 
@@ -169,14 +184,16 @@ def _requeue_not_committed(
     now = rt.clock.now()
     with transaction.atomic():
         if record.attempt_count > contract.retry_limit:
-            return store.transition(
-                record,
-                EffectStatus.FAILED_FINAL,
-                event_type="not_committed_retries_exhausted",
-                actor=actor,
-                now=now,
-                metadata=evidence,
-                changes={**_CLEAR_LEASE, "next_action_at": None},
+            return metrics.failed(
+                store.transition(
+                    record,
+                    EffectStatus.FAILED_FINAL,
+                    event_type="not_committed_retries_exhausted",
+                    actor=actor,
+                    now=now,
+                    metadata=evidence,
+                    changes={**_CLEAR_LEASE, "next_action_at": None},
+                )
             )
         updated = store.transition(
             record,

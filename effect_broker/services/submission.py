@@ -37,6 +37,10 @@ from effect_broker.domain.records import (
 )
 from effect_broker.domain.secret_refs import find_refs
 from effect_broker.models import Tenant
+from effect_broker.observability.instrumentation import (
+    observed_submit,
+    submit_trace_context,
+)
 from effect_broker.services.runtime import Runtime, get_runtime
 
 
@@ -85,6 +89,7 @@ def _require_length(field: str, value: str, cap: int) -> None:
         )
 
 
+@observed_submit  # its span, and counts of created, replayed and conflicting submits
 def submit(
     tenant: Tenant,
     request: EffectRequest,
@@ -127,6 +132,7 @@ def submit(
         ),
         requested_by=request.requested_by,
         trace_id=request.trace_id,
+        trace_context=submit_trace_context(),
     )
     actor = request.requested_by or "caller"
     subject = f"{tenant_id}/{operation_key}"

@@ -15,6 +15,7 @@ from django.db import transaction
 from effect_broker import store
 from effect_broker.domain.errors import StaleWriteError
 from effect_broker.domain.states import EffectStatus, SafetyClass
+from effect_broker.observability import metrics
 from effect_broker.services import outcomes
 from effect_broker.services.dispatch import note_stale_write
 from effect_broker.services.runtime import Runtime, get_runtime
@@ -81,6 +82,7 @@ def sweep(*, actor: str = "sweeper", runtime: Runtime | None = None) -> SweepRep
                     )
                     rt.scheduler.reconcile(record.effect_id)
             expired += 1
+            metrics.lease_expired(record)
         except StaleWriteError as exc:  # the worker finished after all, just in time
             note_stale_write(rt, exc, actor=actor)
             stale += 1

@@ -47,6 +47,8 @@ class NewIntent:
     downstream_key: str
     requested_by: str = ""
     trace_id: str | None = None
+    #: The submit span's W3C traceparent (effect_broker.observability.tracing).
+    trace_context: str | None = None
     effect_id: str = field(default_factory=new_row_id)
 
 
@@ -188,6 +190,7 @@ def reserve(
         intent.requested_by,
         now,
         now,
+        intent.trace_context,
         *event,
     ]
     if job is not None:

@@ -57,4 +57,5 @@ def record_from_row(row: Sequence[Any]) -> EffectRecord:
         created_at=r["created_at"],
         updated_at=r["updated_at"],
         head_digest=None if head is None else bytes(head),
+        trace_context=r["trace_context"],
     )

@@ -32,6 +32,7 @@ INTENT_COLUMNS = (
     "requested_by",
     "created_at",
     "updated_at",
+    "trace_context",
 )
 
 #: Columns a transition may change besides status/version/updated_at.
@@ -91,10 +92,10 @@ WITH intent AS (
         id, tenant_id, operation_key, tool, request_hash, arguments_ciphertext,
         arguments_key_id, arguments_preview, contract_name, contract_version,
         safety_class, downstream_key, status, version, attempt_count, next_action_at,
-        trace_id, requested_by, created_at, updated_at
+        trace_id, requested_by, created_at, updated_at, trace_context
     ) VALUES (
         %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, 1, 0, %s, %s, %s, %s,
-        %s
+        %s, %s
     )
     ON CONFLICT (tenant_id, operation_key) DO NOTHING
     RETURNING """
