@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import jsonschema
@@ -22,7 +24,7 @@ import mcp.types as types
 from django.db import connections
 from mcp.server import Server, ServerRequestContext
 
-from effect_broker.domain.errors import EffectBrokerError
+from effect_broker.domain.errors import ConfigurationError, EffectBrokerError
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus
 from effect_broker.domain.storable_text import require_storable
@@ -37,8 +39,14 @@ logger = logging.getLogger(__name__)
 #: Finds the caller's tenant for a request (fixed for stdio, per request for HTTP).
 TenantResolver = Callable[[ServerRequestContext[Any, Any]], Tenant]
 
+_T = TypeVar("_T")
+
 #: Default bound on how long a proxy call waits for its effect to settle.
 DEFAULT_WAIT_SECONDS = 10.0
+
+
+#: The environment variable that sets ``wait_seconds``.
+WAIT_ENV = "EFFECT_BROKER_MCP_WAIT_SECONDS"
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,22 @@ class McpSettings:
     """How the server behaves; ``wait_seconds`` bounds a proxy call's wait."""
 
     wait_seconds: float = DEFAULT_WAIT_SECONDS
+
+
+def mcp_settings_from_env(wait_seconds: float | None = None) -> McpSettings:
+    """``McpSettings`` from ``wait_seconds``, else ``$EFFECT_BROKER_MCP_WAIT_SECONDS``,
+    else the default; one ``ConfigurationError`` line for a value that is no number."""
+    if wait_seconds is None:
+        raw = os.environ.get(WAIT_ENV, "").strip()
+        try:
+            wait_seconds = float(raw) if raw else DEFAULT_WAIT_SECONDS
+        except ValueError:
+            raise ConfigurationError(
+                f"{WAIT_ENV} must be a number of seconds, got {raw!r}"
+            ) from None
+        if not math.isfinite(wait_seconds):
+            raise ConfigurationError(f"{WAIT_ENV} must be finite, got {raw!r}")
+    return McpSettings(wait_seconds=max(0.0, wait_seconds))
 
 
 def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Server[Any]:
@@ -65,9 +89,14 @@ def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Serve
             # service sees it (issue 12: NUL reached PostgreSQL as a 500).
             require_storable(arguments)
             tenant = resolve_tenant(ctx)
-            return await anyio.to_thread.run_sync(
-                _in_thread, tenant, params.name, arguments, settings
+            step = await _in_thread(_call, tenant, params.name, arguments)
+            if isinstance(step, types.CallToolResult):
+                return step
+            # The wait holds no thread and no connection (services.awaiting).
+            record = await awaiting.wait_until_settled(
+                tenant, step.effect_id, settings.wait_seconds
             )
+            return await _in_thread(_outcome, tenant, record)
         except EffectBrokerError as exc:
             return _domain_error(exc)
 
@@ -83,23 +112,28 @@ def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Serve
     )
 
 
-# --- calls (run in a worker thread) ----------------------------------------------
+# --- calls (each service call runs in a worker thread) ------------------------------
 
 
-def _in_thread(
-    tenant: Tenant, name: str, arguments: dict[str, Any], settings: McpSettings
-) -> types.CallToolResult:
-    try:
-        return _call(tenant, name, arguments, settings)
-    finally:
-        # Worker threads come and go: a connection left on one would outlive it
-        # unclosed. One connection per call is cheap next to the call itself.
-        connections.close_all()
+async def _in_thread(fn: Callable[..., _T], *args: Any) -> _T:
+    """Run the synchronous service call ``fn(*args)`` in a worker thread."""
+
+    def run() -> _T:
+        try:
+            return fn(*args)
+        finally:
+            # Worker threads come and go: a connection left on one would outlive it
+            # unclosed. One connection per call is cheap next to the call itself.
+            connections.close_all()
+
+    return await anyio.to_thread.run_sync(run)
 
 
 def _call(
-    tenant: Tenant, name: str, arguments: dict[str, Any], settings: McpSettings
-) -> types.CallToolResult:
+    tenant: Tenant, name: str, arguments: dict[str, Any]
+) -> types.CallToolResult | EffectRecord:
+    """A management tool's answer, a refusal, or the effect a proxy call submitted
+    (which the caller then waits for)."""
     if name in tools.MANAGEMENT_NAMES:
         return _management(tenant, name, arguments)
     contract = tools.exposed_contracts(get_runtime().registry).get(name)
@@ -128,10 +162,7 @@ def _call(
             requested_by="mcp",
         ),
     )
-    record = awaiting.wait_until_settled(
-        tenant, reservation.effect.effect_id, settings.wait_seconds
-    )
-    return _outcome(tenant, record)
+    return reservation.effect
 
 
 def _schema_problems(schema: dict[str, Any], arguments: dict[str, Any]) -> list[str]:

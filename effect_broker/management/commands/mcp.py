@@ -10,11 +10,13 @@ import anyio
 from django.core.management.base import BaseCommand, CommandParser
 
 from effect_broker.domain.errors import EffectBrokerError
-from effect_broker.mcp.server import DEFAULT_WAIT_SECONDS, McpSettings
+from effect_broker.mcp.server import (
+    DEFAULT_WAIT_SECONDS,
+    WAIT_ENV,
+    mcp_settings_from_env,
+)
 from effect_broker.mcp.transports import API_KEY_ENV, http_app, serve_stdio
 from effect_broker.services.tenants import authenticate
-
-WAIT_ENV = "EFFECT_BROKER_MCP_WAIT_SECONDS"
 
 
 class Command(BaseCommand):
@@ -44,10 +46,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        wait = options["wait_seconds"]
-        if wait is None:
-            wait = float(os.environ.get(WAIT_ENV) or DEFAULT_WAIT_SECONDS)
-        settings = McpSettings(wait_seconds=max(0.0, wait))
+        settings = mcp_settings_from_env(options["wait_seconds"])
         if options["transport"] == "stdio":
             key = os.environ.get(API_KEY_ENV, "").strip()
             try:
