@@ -188,6 +188,25 @@ def _outcome(tenant: Tenant, record: EffectRecord) -> types.CallToolResult:
     if status is EffectStatus.SUCCEEDED:
         receipt = inspection.get_receipt(tenant, record.effect_id)
         result = dict(receipt.result)
+        mismatch = _result_mismatch(record.tool, result)
+        if mismatch:
+            # A client validates a success against the listed outputSchema and fails
+            # the whole call on a mismatch, so the agent would not even learn that
+            # the effect happened. Say so plainly instead, as a tool error.
+            logger.warning(
+                "receipt result does not match the declared output schema",
+                extra={"action": "mcp_call", "effect_id": record.effect_id},
+            )
+            return _error(
+                "result_schema_mismatch",
+                f"The effect SUCCEEDED (effect {record.effect_id}, receipt "
+                f"{receipt.receipt_id}) and will not be done again, but the target's "
+                f"result does not match this tool's declared output schema ({mismatch})."
+                " Read it with get_receipt. Do not call this tool again under another "
+                "operation key: that would do it twice.",
+                receipt_id=receipt.receipt_id,
+                **ids,
+            )
         return types.CallToolResult(
             content=[_text(json.dumps(result, sort_keys=True))],
             structured_content=result,
@@ -226,6 +245,16 @@ def _outcome(tenant: Tenant, record: EffectRecord) -> types.CallToolResult:
         ],
         structured_content={**ids, "done": False},
     )
+
+
+def _result_mismatch(tool: str, result: dict[str, Any]) -> str:
+    """Why ``result`` breaks the output schema listed for ``tool`` ("" when it fits,
+    or when the contract declares none)."""
+    contract = tools.exposed_contracts(get_runtime().registry).get(tool)
+    schema = contract.mcp.output_schema if contract and contract.mcp else None
+    if schema is None:
+        return ""
+    return "; ".join(_schema_problems(schema, result))
 
 
 def _management(
