@@ -34,7 +34,7 @@ from effect_broker.services.operators import create_token
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import create_tenant
 from tests.integration.conftest import make_operator
-from tests.integration.mcp_support import World, open_world
+from tests.integration.mcp_support import World
 from tests.integration.test_mcp_mounted import api_server
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -54,8 +54,16 @@ class Ledger:
     effect_ids: list[str]
     tools: list[str]
     cases: int = 0
+    per_operation: dict[str, int] = field(default_factory=dict)
     exempted: dict[str, int] = field(default_factory=dict)
     by_status: dict[int, int] = field(default_factory=dict)
+
+    def count(self, label: str) -> None:
+        self.cases += 1
+        self.per_operation[label] = self.per_operation.get(label, 0) + 1
+
+    def exempt(self, what: str) -> None:
+        self.exempted[what] = self.exempted.get(what, 0) + 1
 
 
 def _effects(world: World) -> list[str]:
@@ -163,6 +171,46 @@ def _prepare(case: Any, effect_id: str | None, tool: str | None) -> None:
         case.body["tool"] = tool
 
 
+def _fuzz(
+    operation: Any, mode: GenerationMode, state: Ledger, base: str, session: Any
+) -> None:
+    """Run ``operation``'s generated cases of ``mode``; raise on the first failure."""
+
+    @settings(
+        max_examples=EXAMPLES,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        case=operation.as_strategy(
+            generation_mode=mode, headers=_credentials(operation.path, state)
+        ),
+        effect_id=st.none() | st.sampled_from(state.effect_ids),
+        tool=st.none() | st.sampled_from(state.tools),
+    )
+    def run(case: Any, effect_id: str | None, tool: str | None) -> None:
+        if mode is GenerationMode.POSITIVE:
+            # A negative case stays as generated: a real id or tool in place of the
+            # part made invalid would make it a valid request.
+            _prepare(case, effect_id, tool)
+        state.count(operation.label)
+        response = case.call(base_url=base, session=session)
+        exempt = mode is GenerationMode.POSITIVE and _semantic_refusal(case, response)
+        if exempt:
+            state.exempt(f"{operation.label} {response.json()['code']}")
+        case.validate_response(
+            response, excluded_checks=[positive_data_acceptance] if exempt else None
+        )
+        state.by_status[response.status_code] = (
+            state.by_status.get(response.status_code, 0) + 1
+        )
+
+    run()
+
+
 def test_generated_requests_find_no_5xx_and_no_schema_violation(
     ledger: tuple[Ledger, str],
 ) -> None:
@@ -171,52 +219,12 @@ def test_generated_requests_find_no_5xx_and_no_schema_violation(
     session = requests.Session()
     operations = [result.ok() for result in schema.get_all_operations()]
     failures: list[str] = []
-    per_operation: dict[str, int] = {}
     started = time.monotonic()
 
     for operation in operations:
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-
-            @settings(
-                max_examples=EXAMPLES,
-                derandomize=True,
-                deadline=None,
-                database=None,
-                phases=[Phase.explicit, Phase.generate],
-                suppress_health_check=list(HealthCheck),
-            )
-            @given(
-                case=operation.as_strategy(
-                    generation_mode=mode,
-                    headers=_credentials(operation.path, state),
-                ),
-                effect_id=st.none() | st.sampled_from(state.effect_ids),
-                tool=st.none() | st.sampled_from(state.tools),
-            )
-            def run(case: Any, effect_id: str | None, tool: str | None) -> None:
-                if mode is GenerationMode.POSITIVE:
-                    # A negative case stays as generated: a real id or tool in place
-                    # of the part made invalid would make it a valid request.
-                    _prepare(case, effect_id, tool)
-                state.cases += 1
-                per_operation[operation.label] = per_operation.get(operation.label, 0) + 1
-                response = case.call(base_url=base, session=session)
-                exempt = mode is GenerationMode.POSITIVE and _semantic_refusal(
-                    case, response
-                )
-                if exempt:
-                    code = f"{operation.label} {response.json()['code']}"
-                    state.exempted[code] = state.exempted.get(code, 0) + 1
-                case.validate_response(
-                    response,
-                    excluded_checks=[positive_data_acceptance] if exempt else None,
-                )
-                state.by_status[response.status_code] = (
-                    state.by_status.get(response.status_code, 0) + 1
-                )
-
             try:
-                run()
+                _fuzz(operation, mode, state, base, session)
             except Unsatisfiable:
                 # No input of this operation can be made invalid (/healthz has none).
                 assert mode is GenerationMode.NEGATIVE, operation.label
@@ -229,7 +237,7 @@ def test_generated_requests_find_no_5xx_and_no_schema_violation(
     print(
         f"\nschemathesis: {state.cases} cases over {len(operations)} operations in "
         f"{elapsed:.1f}s; statuses {dict(sorted(state.by_status.items()))}; "
-        f"per operation {per_operation}; semantic refusals {state.exempted}"
+        f"per operation {state.per_operation}; semantic refusals {state.exempted}"
     )
     assert not failures, "\n\n".join(failures)
     assert state.cases >= MINIMUM_CASES
