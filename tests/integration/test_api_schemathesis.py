@@ -26,7 +26,11 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import positive_data_acceptance
 
-from effect_broker.adapters.simulated_adapter import Fault, get_target
+from effect_broker.adapters.simulated_adapter import (
+    Fault,
+    SimulatedAdapter,
+    SimulatedTarget,
+)
 from effect_broker.domain.records import EffectRequest
 from effect_broker.services import runtime
 from effect_broker.services.dispatch import dispatch
@@ -43,6 +47,16 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 #: operation whose inputs run out: /healthz has none).
 EXAMPLES = 75
 MINIMUM_CASES = 1_000
+
+
+def _target(tool: str) -> SimulatedTarget:
+    """The simulated target ``tool``'s adapter sends to: adapters are built once per
+    process (``adapters.registry``), so this one, not a fresh ``get_target``, is the
+    target an in-process ``dispatch`` reaches after an earlier test reset targets."""
+    rt = runtime.get_runtime()
+    adapter = rt.adapter_for(rt.registry.for_tool(tool))
+    assert isinstance(adapter, SimulatedAdapter)
+    return adapter.target
 
 
 @dataclass
@@ -71,7 +85,6 @@ def _effects(world: World) -> list[str]:
     reserved, succeeded (with a receipt), outcome_unknown (unsafe, waits for an
     operator), and one of another tenant (reads as not found)."""
     tenant = world.tenant
-    registry = runtime.get_runtime().registry
     ids = []
 
     def effect(tool: str, key: str) -> str:
@@ -85,12 +98,12 @@ def _effects(world: World) -> list[str]:
         succeeded = effect("charge_idempotent", f"schemathesis:succeeded:{n}")
         dispatch(succeeded, worker="test")
         ids.append(succeeded)
-    get_target(registry.for_tool("charge_unsafe")).inject(Fault.LOSE_RESPONSE)
+    _target("charge_unsafe").inject(Fault.LOSE_RESPONSE)
     for n in range(4):
         unknown = effect("charge_unsafe", f"schemathesis:unknown:{n}")
         dispatch(unknown, worker="test")
         ids.append(unknown)
-        get_target(registry.for_tool("charge_unsafe")).inject(Fault.LOSE_RESPONSE)
+        _target("charge_unsafe").inject(Fault.LOSE_RESPONSE)
     other, _ = create_tenant(f"other-{uuid.uuid4().hex[:6]}")
     ids.append(
         submit(

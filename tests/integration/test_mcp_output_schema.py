@@ -16,7 +16,11 @@ import mcp.types as types
 import pytest
 from mcp import ClientSession
 
-from effect_broker.adapters.simulated_adapter import Fault, get_target
+from effect_broker.adapters.simulated_adapter import (
+    Fault,
+    SimulatedAdapter,
+    SimulatedTarget,
+)
 from effect_broker.services import runtime
 from effect_broker.services.dispatch import dispatch
 from tests.integration.mcp_support import (
@@ -72,6 +76,16 @@ required = ["charge_id", "amount_minor"]
 """
 
 
+def _target(tool: str) -> SimulatedTarget:
+    """The simulated target ``tool``'s adapter sends to: adapters are built once per
+    process (``adapters.registry``), so this one, not a fresh ``get_target``, is the
+    target an in-process ``dispatch`` reaches after an earlier test reset targets."""
+    rt = runtime.get_runtime()
+    adapter = rt.adapter_for(rt.registry.for_tool(tool))
+    assert isinstance(adapter, SimulatedAdapter)
+    return adapter.target
+
+
 @pytest.fixture
 def typed_world(tmp_path: Any) -> Iterator[World]:
     with open_world(tmp_path, CONTRACTS + TYPED) as world:
@@ -90,9 +104,7 @@ def test_every_tool_lists_an_output_schema_and_every_success_conforms(
     key = f"run:{uuid.uuid4().hex[:8]}:step:charge"
     unsafe_key = f"run:{uuid.uuid4().hex[:8]}:step:unsafe"
     typed_key = f"run:{uuid.uuid4().hex[:8]}:step:typed"
-    get_target(runtime.get_runtime().registry.for_tool("charge_unsafe")).inject(
-        Fault.LOSE_RESPONSE
-    )
+    _target("charge_unsafe").inject(Fault.LOSE_RESPONSE)
 
     async def body(session: ClientSession) -> dict[str, Any]:
         out: dict[str, Any] = {"listed": await session.list_tools()}
@@ -162,7 +174,6 @@ def test_a_result_that_breaks_the_declared_schema_is_reported_not_hidden(
     typed_world: World,
 ) -> None:
     key = f"run:{uuid.uuid4().hex[:8]}:step:charge"
-    contract = runtime.get_runtime().registry.for_tool("charge_misdeclared")
 
     async def body(session: ClientSession) -> dict[str, Any]:
         out: dict[str, Any] = {"listed": await session.list_tools()}
@@ -193,5 +204,5 @@ def test_a_result_that_breaks_the_declared_schema_is_reported_not_hidden(
     assert "amount_minor" in text
     assert "Do not call this tool again under another operation key" in text
     # and it happened exactly once
-    assert get_target(contract).effect_count() == 1
+    assert _target("charge_misdeclared").effect_count() == 1
     assert typed_world.intents() == 1
