@@ -1,4 +1,5 @@
-"""ASGI entry point (uvicorn config.asgi:application): the API process.
+"""ASGI entry point (uvicorn config.asgi:application): the API process, and the MCP
+server's streamable HTTP transport mounted at ``/mcp`` (effect_broker.mcp.transports).
 
 It declares its role before settings load, so it gets the API's connection pool and
 never persistent connections (config/capacity.py), it refuses a body over the size
@@ -24,6 +25,8 @@ from django.db.backends.postgresql.base import (  # noqa: E402
 from effect_broker.api.admission import InFlightLimit  # noqa: E402
 from effect_broker.api.body_limit import BodySizeLimit  # noqa: E402
 from effect_broker.api.query_credentials import QueryCredentialGuard  # noqa: E402
+from effect_broker.mcp.server import mcp_settings_from_env  # noqa: E402
+from effect_broker.mcp.transports import McpEndpoint, McpMount  # noqa: E402
 
 
 def _close_pools() -> None:
@@ -40,7 +43,7 @@ def _close_pools() -> None:
 limits = settings.EFFECT_BROKER_API_ADMISSION
 # A credential in the query string is refused (and scrubbed from the access log) and
 # an oversized upload is refused, both before taking a request slot.
-application = QueryCredentialGuard(
+api_application = QueryCredentialGuard(
     BodySizeLimit(
         InFlightLimit(
             django_application,
@@ -52,3 +55,8 @@ application = QueryCredentialGuard(
         max_body_bytes=settings.EFFECT_BROKER_MAX_BODY_BYTES,
     )
 )
+# /mcp goes to the MCP endpoint behind the same guards plus a tenant key; it is not
+# under the in-flight limit, because a proxy call spends most of its time waiting for
+# its effect while holding no connection (effect_broker.services.awaiting), and its
+# database work is bounded by the same pool. Everything else is the API above.
+application = McpMount(api_application, McpEndpoint(mcp_settings_from_env()))

@@ -10,18 +10,34 @@ calls a service and maps errors (in one place: ``problems``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from ninja import NinjaAPI
 
 from effect_broker.api import effects, health, operators
 from effect_broker.api.docs_access import docs_access
 from effect_broker.api.problems import StrictJsonParser, install_handlers, problem
+from effect_broker.api.schemas import problem_media_types
 
-api = NinjaAPI(
+
+class BrokerApi(NinjaAPI):
+    """The API, whose OpenAPI document declares errors as problem+json."""
+
+    def get_openapi_schema(self, **kwargs: Any) -> Any:
+        return problem_media_types(super().get_openapi_schema(**kwargs))
+
+
+api = BrokerApi(
     title="effect-broker",
     version="1",
     description=(
         "Reserve side effects once, dispatch them under one downstream idempotency key, "
         "and report outcome_unknown plainly when the target cannot prove what happened."
+        "\n\nEvery error is `application/problem+json` with a stable `code`. Rules "
+        "for every value anywhere in a request body, free-form objects included: "
+        "numbers within ±(2**53-1) (else 400 `number_out_of_range`; money travels as "
+        "minor-unit integers or strings) and no NUL (U+0000) in any text (else 422 "
+        "`unstorable_text`, naming the field)."
     ),
     parser=StrictJsonParser(),
     urls_namespace="effect_broker_api",

@@ -73,8 +73,14 @@ class SubmitIn(Schema):
 
     model_config = ConfigDict(extra="forbid")
 
-    operation_key: str = Field(min_length=1, max_length=MAX_OPERATION_KEY_LENGTH)
-    tool: str = Field(max_length=MAX_TOOL_LENGTH)
+    operation_key: str = Field(
+        min_length=1,
+        max_length=MAX_OPERATION_KEY_LENGTH,
+        description="The business operation's identity, the same on every retry: "
+        "printable characters only (no control or format characters), with no "
+        "leading or trailing whitespace; else 400 invalid_request.",
+    )
+    tool: str = Field(min_length=1, max_length=MAX_TOOL_LENGTH)
     arguments: dict[str, Any]
     trace_id: str | None = Field(default=None, max_length=MAX_TRACE_ID_LENGTH)
     requested_by: str = Field(default="", max_length=MAX_REQUESTED_BY_LENGTH)
@@ -190,7 +196,10 @@ def list_effects(
     summary="Fold the verified event chain; inspect state at an optional event sequence",
 )
 def effect_history(
-    request: HttpRequest, effect_id: str, at_sequence: int | None = None
+    request: HttpRequest,
+    effect_id: str,
+    # Sequences start at 1; one past this effect's last event is a 400 that names it.
+    at_sequence: int | None = Query(None, ge=1),
 ) -> dict[str, Any]:
     folded = inspection.history(_tenant(request), effect_id, at_sequence)
     return {

@@ -19,7 +19,9 @@ from ninja.security import HttpBearer
 from pydantic import ConfigDict
 
 from effect_broker.api.schemas import EffectOut, effect_out, with_problems
+from effect_broker.domain.keys import MAX_OPERATION_KEY_LENGTH
 from effect_broker.services import forking, inspection, operators, resolution
+from effect_broker.services.operator_steps import MAX_REASON_CHARS
 from effect_broker.services.resolution import Resolution
 
 
@@ -33,6 +35,10 @@ class OperatorTokenAuth(HttpBearer):
 router = Router(auth=OperatorTokenAuth(), tags=["operator"])
 
 
+#: Text with at least one non-blank character: the services strip and require it.
+REQUIRED_TEXT = r"\S"
+
+
 class ResolveIn(Schema):
     """POST /v1/effects/{id}/resolve body: one of the operator's three choices.
 
@@ -44,7 +50,7 @@ class ResolveIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
     resolution: Resolution
-    reason: str
+    reason: str = Field(pattern=REQUIRED_TEXT, max_length=MAX_REASON_CHARS)
     evidence: dict[str, Any] = Field(default_factory=dict)
     external_id: str | None = None
 
@@ -55,8 +61,8 @@ class ForkIn(Schema):
 
     model_config = ConfigDict(extra="forbid")
 
-    new_operation_key: str
-    reason: str
+    new_operation_key: str = Field(min_length=1, max_length=MAX_OPERATION_KEY_LENGTH)
+    reason: str = Field(pattern=REQUIRED_TEXT, max_length=MAX_REASON_CHARS)
     evidence: dict[str, Any] = Field(default_factory=dict)
 
 

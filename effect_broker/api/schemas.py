@@ -9,6 +9,7 @@ from typing import Any
 from ninja import Schema
 from pydantic import ConfigDict
 
+from effect_broker.api.problems import PROBLEM_JSON
 from effect_broker.domain.records import EffectRecord
 from effect_broker.services.inspection import ForkLinks
 
@@ -103,3 +104,49 @@ def effect_out(
     if links is not None:
         out["forked_from"], out["forked_to"] = links.forked_from, links.forked_to
     return out
+
+
+#: One example problem per error status, as the API answers it.
+_EXAMPLE_BY_STATUS: dict[int, tuple[str, str]] = {
+    400: ("disallowed_host", "the Host header names a host this broker does not serve"),
+    401: ("unauthenticated", "missing or malformed credentials"),
+    403: ("tenant_disabled", "this tenant is disabled"),
+    404: ("effect_not_found", "no such effect"),
+    409: ("payload_conflict", "operation key 'order:42:charge:v1' has another payload"),
+    413: ("payload_too_large", "request body exceeds 262144 bytes"),
+    415: ("unsupported_media_type", "the body must be sent as application/json"),
+    422: ("unstorable_text", "trace_id contains NUL (U+0000), which cannot be stored"),
+    503: ("overloaded", "too many requests in flight; nothing was done, retry"),
+}
+
+
+def problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (an OpenAPI document) with every error response declared as
+    ``application/problem+json``, the media type the API sends (``problems``), with
+    an example per status.
+
+    django-ninja declares every response with the API's one renderer's media type
+    (``application/json``); a client that checks the media type against the schema
+    (schemathesis does) must see the one it gets.
+    """
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            for status, response in operation.get("responses", {}).items():
+                content = response.get("content", {})
+                if not str(status).isdigit() or int(status) < 400:
+                    continue
+                if "application/json" not in content:
+                    continue
+                media = content.pop("application/json")
+                example = _EXAMPLE_BY_STATUS.get(int(status))
+                if example is not None:
+                    code, detail = example
+                    media["example"] = {
+                        "type": f"https://effect-broker.invalid/problems/{code}",
+                        "title": code.replace("_", " "),
+                        "status": int(status),
+                        "code": code,
+                        "detail": detail,
+                    }
+                content[PROBLEM_JSON] = media
+    return schema

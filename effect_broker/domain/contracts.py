@@ -37,6 +37,9 @@ File format (``contracts.toml``)::
     type = "object"
     required = ["amount"]
     properties.amount.type = "integer"
+    [contract.mcp.output_schema]   # optional: the receipt result's JSON Schema, of
+    type = "object"                #   type "object" (the tool's outputSchema)
+    required = ["charge_id"]
 
 An upstream MCP server (``adapter = "mcp"``; issue 10, item 4) is named in
 ``[contract.upstream]`` (parsed by ``effect_broker/domain/upstream.py``)::
@@ -156,11 +159,21 @@ class McpFace:
     input_schema_json: str
     expose: bool = True
     description: str = ""
+    #: The receipt result's JSON Schema ("" when the contract declares none).
+    output_schema_json: str = ""
 
     @property
     def input_schema(self) -> dict[str, Any]:
         """The arguments' JSON Schema, a fresh mutable copy each time."""
         schema: dict[str, Any] = json.loads(self.input_schema_json)
+        return schema
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The result's JSON Schema, a fresh copy each time; None when undeclared."""
+        if not self.output_schema_json:
+            return None
+        schema: dict[str, Any] = json.loads(self.output_schema_json)
         return schema
 
 
@@ -417,7 +430,13 @@ _FIELDS = (
     "mcp",
     "upstream",
 )
-_MCP_FIELDS = ("expose", "description", "input_schema", "input_schema_file")
+_MCP_FIELDS = (
+    "expose",
+    "description",
+    "input_schema",
+    "input_schema_file",
+    "output_schema",
+)
 _DURATION_FIELDS = (
     "key_retention",
     "settlement_bound",
@@ -536,10 +555,25 @@ def _parse_mcp(raw: object, source: str) -> McpFace:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         raise ValueError(f"{where}: not a valid JSON Schema: {exc.message}") from exc
+    output_json = ""
+    if "output_schema" in raw:
+        output = raw["output_schema"]
+        if not isinstance(output, dict) or output.get("type") != "object":
+            raise ValueError(
+                'mcp.output_schema: must be a JSON Schema with type = "object"'
+            )
+        try:
+            jsonschema.validators.validator_for(output).check_schema(output)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(
+                f"mcp.output_schema: not a valid JSON Schema: {exc.message}"
+            ) from exc
+        output_json = json.dumps(output, sort_keys=True)
     return McpFace(
         input_schema_json=json.dumps(schema, sort_keys=True),
         expose=expose,
         description=description,
+        output_schema_json=output_json,
     )
 
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import jsonschema
@@ -22,7 +24,7 @@ import mcp.types as types
 from django.db import connections
 from mcp.server import Server, ServerRequestContext
 
-from effect_broker.domain.errors import EffectBrokerError
+from effect_broker.domain.errors import ConfigurationError, EffectBrokerError
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus
 from effect_broker.domain.storable_text import require_storable
@@ -38,8 +40,18 @@ logger = logging.getLogger(__name__)
 #: Finds the caller's tenant for a request (fixed for stdio, per request for HTTP).
 TenantResolver = Callable[[ServerRequestContext[Any, Any]], Tenant]
 
+_T = TypeVar("_T")
+
 #: Default bound on how long a proxy call waits for its effect to settle.
 DEFAULT_WAIT_SECONDS = 10.0
+
+
+#: The environment variable that sets ``wait_seconds``.
+WAIT_ENV = "EFFECT_BROKER_MCP_WAIT_SECONDS"
+#: Strict mode (default on): pass-through tools only when verified read-only.
+STRICT_ENV = "EFFECT_BROKER_MCP_STRICT"
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True}
+_SWITCH |= {"0": False, "false": False, "no": False, "off": False}
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,28 @@ class McpSettings:
     #: Strict mode: a pass-through is listed and forwarded only when verified
     #: read-only (effect_broker/mcp/passthrough.py).
     strict: bool = True
+
+
+def mcp_settings_from_env(
+    wait_seconds: float | None = None, *, no_strict: bool = False
+) -> McpSettings:
+    """``McpSettings`` from ``wait_seconds``, else ``$EFFECT_BROKER_MCP_WAIT_SECONDS``,
+    else the default; one ``ConfigurationError`` line for a value that is no number."""
+    if wait_seconds is None:
+        raw = os.environ.get(WAIT_ENV, "").strip()
+        try:
+            wait_seconds = float(raw) if raw else DEFAULT_WAIT_SECONDS
+        except ValueError:
+            raise ConfigurationError(
+                f"{WAIT_ENV} must be a number of seconds, got {raw!r}"
+            ) from None
+        if not math.isfinite(wait_seconds):
+            raise ConfigurationError(f"{WAIT_ENV} must be finite, got {raw!r}")
+    strict_text = os.environ.get(STRICT_ENV, "1").strip().lower() or "1"
+    if strict_text not in _SWITCH:
+        raise ConfigurationError(f"{STRICT_ENV} must be 1 or 0, got {strict_text!r}")
+    strict = _SWITCH[strict_text] and not no_strict
+    return McpSettings(wait_seconds=max(0.0, wait_seconds), strict=strict)
 
 
 def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Server[Any]:
@@ -78,9 +112,14 @@ def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Serve
             if passthrough is not None and params.name not in tools.MANAGEMENT_NAMES:
                 # No ledger: forwarded as it is, if strict mode allows it.
                 return await mirror.call(passthrough, arguments)
-            return await anyio.to_thread.run_sync(
-                _in_thread, tenant, params.name, arguments, settings
+            step = await _in_thread(_call, tenant, params.name, arguments)
+            if isinstance(step, types.CallToolResult):
+                return step
+            # The wait holds no thread and no connection (services.awaiting).
+            record = await awaiting.wait_until_settled(
+                tenant, step.effect_id, settings.wait_seconds
             )
+            return await _in_thread(_outcome, tenant, record)
         except EffectBrokerError as exc:
             return _domain_error(exc)
 
@@ -96,23 +135,28 @@ def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Serve
     )
 
 
-# --- calls (run in a worker thread) ----------------------------------------------
+# --- calls (each service call runs in a worker thread) ------------------------------
 
 
-def _in_thread(
-    tenant: Tenant, name: str, arguments: dict[str, Any], settings: McpSettings
-) -> types.CallToolResult:
-    try:
-        return _call(tenant, name, arguments, settings)
-    finally:
-        # Worker threads come and go: a connection left on one would outlive it
-        # unclosed. One connection per call is cheap next to the call itself.
-        connections.close_all()
+async def _in_thread(fn: Callable[..., _T], *args: Any) -> _T:
+    """Run the synchronous service call ``fn(*args)`` in a worker thread."""
+
+    def run() -> _T:
+        try:
+            return fn(*args)
+        finally:
+            # Worker threads come and go: a connection left on one would outlive it
+            # unclosed. One connection per call is cheap next to the call itself.
+            connections.close_all()
+
+    return await anyio.to_thread.run_sync(run)
 
 
 def _call(
-    tenant: Tenant, name: str, arguments: dict[str, Any], settings: McpSettings
-) -> types.CallToolResult:
+    tenant: Tenant, name: str, arguments: dict[str, Any]
+) -> types.CallToolResult | EffectRecord:
+    """A management tool's answer, a refusal, or the effect a proxy call submitted
+    (which the caller then waits for)."""
     if name in tools.MANAGEMENT_NAMES:
         return _management(tenant, name, arguments)
     contract = tools.exposed_contracts(get_runtime().registry).get(name)
@@ -141,10 +185,7 @@ def _call(
             requested_by="mcp",
         ),
     )
-    record = awaiting.wait_until_settled(
-        tenant, reservation.effect.effect_id, settings.wait_seconds
-    )
-    return _outcome(tenant, record)
+    return reservation.effect
 
 
 def _schema_problems(schema: dict[str, Any], arguments: dict[str, Any]) -> list[str]:
@@ -170,6 +211,25 @@ def _outcome(tenant: Tenant, record: EffectRecord) -> types.CallToolResult:
     if status is EffectStatus.SUCCEEDED:
         receipt = inspection.get_receipt(tenant, record.effect_id)
         result = dict(receipt.result)
+        mismatch = _result_mismatch(record.tool, result)
+        if mismatch:
+            # A client validates a success against the listed outputSchema and fails
+            # the whole call on a mismatch, so the agent would not even learn that
+            # the effect happened. Say so plainly instead, as a tool error.
+            logger.warning(
+                "receipt result does not match the declared output schema",
+                extra={"action": "mcp_call", "effect_id": record.effect_id},
+            )
+            return _error(
+                "result_schema_mismatch",
+                f"The effect SUCCEEDED (effect {record.effect_id}, receipt "
+                f"{receipt.receipt_id}) and will not be done again, but the target's "
+                f"result does not match this tool's declared output schema ({mismatch})."
+                " Read it with get_receipt. Do not call this tool again under another "
+                "operation key: that would do it twice.",
+                receipt_id=receipt.receipt_id,
+                **ids,
+            )
         return types.CallToolResult(
             content=[_text(json.dumps(result, sort_keys=True))],
             structured_content=result,
@@ -208,6 +268,16 @@ def _outcome(tenant: Tenant, record: EffectRecord) -> types.CallToolResult:
         ],
         structured_content={**ids, "done": False},
     )
+
+
+def _result_mismatch(tool: str, result: dict[str, Any]) -> str:
+    """Why ``result`` breaks the output schema listed for ``tool`` ("" when it fits,
+    or when the contract declares none)."""
+    contract = tools.exposed_contracts(get_runtime().registry).get(tool)
+    schema = contract.mcp.output_schema if contract and contract.mcp else None
+    if schema is None:
+        return ""
+    return "; ".join(_schema_problems(schema, result))
 
 
 def _management(

@@ -14,6 +14,7 @@ import mcp.types as types
 
 from effect_broker.domain.contracts import ContractRegistry, EffectContract
 from effect_broker.domain.states import SafetyClass
+from effect_broker.mcp import output_schemas as outputs
 
 GET_EFFECT = "get_effect"
 LIST_UNKNOWN_EFFECTS = "list_unknown_effects"
@@ -43,6 +44,7 @@ MANAGEMENT_TOOLS = (
         name=GET_EFFECT,
         description="Return one of your effects: its status, contract and attempts.",
         input_schema=_EFFECT_ID,
+        output_schema=outputs.EFFECT,
         annotations=_READ_ONLY,
     ),
     types.Tool(
@@ -59,12 +61,14 @@ MANAGEMENT_TOOLS = (
             },
             "additionalProperties": False,
         },
+        output_schema=outputs.EFFECT_LIST,
         annotations=_READ_ONLY,
     ),
     types.Tool(
         name=GET_RECEIPT,
         description="Return the receipt of a succeeded effect, its result included.",
         input_schema=_EFFECT_ID,
+        output_schema=outputs.RECEIPT,
         annotations=_READ_ONLY,
     ),
     types.Tool(
@@ -75,6 +79,7 @@ MANAGEMENT_TOOLS = (
             "only an operator can resolve."
         ),
         input_schema=_EFFECT_ID,
+        output_schema=outputs.RECONCILIATION,
         annotations=types.ToolAnnotations(
             read_only_hint=False,
             destructive_hint=False,
@@ -134,6 +139,7 @@ def proxy_tool(contract: EffectContract) -> types.Tool:
             "operation_key on every retry of this step."
         ),
         input_schema=proxy_input_schema(contract),
+        output_schema=outputs.proxy_output_schema(contract),
         annotations=types.ToolAnnotations(
             read_only_hint=False,
             destructive_hint=True,

@@ -34,7 +34,7 @@ from effect_broker.services.submission import arguments_aad
 
 
 def rotate_key_file(path: Path) -> MasterKeys:
-    """Append a new current key to the keyring at ``path``; return the keyring as rotated."""
+    """Append a fresh current key to the keyring at ``path``; return the result."""
     keys = parse_keyring(path.read_text(encoding="ascii"), source=str(path)).rotated()
     # Write beside it and rename: a crash leaves the old file or the new one, never
     # half of one (losing a key would make its ciphertexts unreadable).

@@ -101,11 +101,11 @@ class World:
 
 
 @contextmanager
-def open_world(tmp_path: Path) -> Iterator[World]:
+def open_world(tmp_path: Path, contracts: str = CONTRACTS) -> Iterator[World]:
     """A tenant, its key, the contracts file, and this process's runtime on them."""
     connection.ensure_connection()
     path = tmp_path / "contracts.toml"
-    path.write_text(CONTRACTS)
+    path.write_text(contracts)
     tenant, api_key = create_tenant(f"mcp-{uuid.uuid4().hex[:6]}")
     master_key = settings.EFFECT_BROKER_MASTER_KEY
     assert master_key is not None

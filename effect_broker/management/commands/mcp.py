@@ -10,14 +10,14 @@ import anyio
 from django.core.management.base import BaseCommand, CommandParser
 
 from effect_broker.domain.errors import EffectBrokerError
-from effect_broker.mcp.server import DEFAULT_WAIT_SECONDS, McpSettings
+from effect_broker.mcp.server import (
+    DEFAULT_WAIT_SECONDS,
+    STRICT_ENV,
+    WAIT_ENV,
+    mcp_settings_from_env,
+)
 from effect_broker.mcp.transports import API_KEY_ENV, http_app, serve_stdio
 from effect_broker.services.tenants import authenticate
-
-WAIT_ENV = "EFFECT_BROKER_MCP_WAIT_SECONDS"
-STRICT_ENV = "EFFECT_BROKER_MCP_STRICT"
-_SWITCH = {"1": True, "true": True, "yes": True, "on": True}
-_SWITCH |= {"0": False, "false": False, "no": False, "off": False}
 
 
 class Command(BaseCommand):
@@ -54,18 +54,14 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        wait = options["wait_seconds"]
-        if wait is None:
-            wait = float(os.environ.get(WAIT_ENV) or DEFAULT_WAIT_SECONDS)
-        strict_text = os.environ.get(STRICT_ENV, "1").strip().lower() or "1"
-        if strict_text not in _SWITCH:
-            sys.stderr.write(
-                f"effect-broker mcp: refusing to start: ${STRICT_ENV} must be 1 or 0, "
-                f"got {strict_text!r}\n"
+        try:
+            settings = mcp_settings_from_env(
+                options["wait_seconds"], no_strict=options["no_strict"]
             )
-            raise SystemExit(2)
-        strict = _SWITCH[strict_text] and not options["no_strict"]
-        settings = McpSettings(wait_seconds=max(0.0, wait), strict=strict)
+        except EffectBrokerError as exc:
+            # One line on stderr: with stdio, stdout belongs to the MCP protocol.
+            sys.stderr.write(f"effect-broker mcp: refusing to start: {exc}\n")
+            raise SystemExit(2) from None
         if options["transport"] == "stdio":
             key = os.environ.get(API_KEY_ENV, "").strip()
             try:

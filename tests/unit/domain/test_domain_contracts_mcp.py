@@ -41,6 +41,26 @@ properties.amount.type = "integer"
     }
 
 
+def test_an_output_schema_is_optional_and_parsed() -> None:
+    face = (
+        parse_contracts(
+            BASE
+            + """[contract.mcp]
+input_schema = { type = "object" }
+[contract.mcp.output_schema]
+type = "object"
+required = ["charge_id"]
+"""
+        )
+        .for_tool("charge_card")
+        .mcp
+    )
+    assert face is not None
+    assert face.output_schema == {"type": "object", "required": ["charge_id"]}
+    bare = parse_contracts(BASE + '[contract.mcp]\ninput_schema = { type = "object" }\n')
+    assert bare.for_tool("charge_card").mcp.output_schema is None  # type: ignore[union-attr]
+
+
 def test_a_contract_without_the_table_has_no_face() -> None:
     assert parse_contracts(BASE).for_tool("charge_card").mcp is None
 
@@ -83,6 +103,17 @@ def test_schema_file_is_read_relative_to_the_contracts_file(tmp_path: Path) -> N
             "must not declare operation_key",
         ),
         ('input_schema_file = "missing.json"', "mcp.input_schema_file", "cannot read"),
+        (
+            'input_schema = { type = "object" }\noutput_schema = { type = "array" }',
+            "mcp.output_schema",
+            'type = "object"',
+        ),
+        (
+            'input_schema = { type = "object" }\n'
+            'output_schema = { type = "object", required = "id" }',
+            "mcp.output_schema",
+            "not a valid JSON Schema",
+        ),
     ],
 )
 def test_a_bad_face_is_refused_naming_the_field(
