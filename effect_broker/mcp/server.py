@@ -81,7 +81,7 @@ def mcp_settings_from_env(
             raise ConfigurationError(f"{WAIT_ENV} must be finite, got {raw!r}")
     strict_text = os.environ.get(STRICT_ENV, "1").strip().lower() or "1"
     if strict_text not in _SWITCH:
-        raise ConfigurationError(f"{STRICT_ENV} must be 1 or 0, got {strict_text!r}")
+        raise ConfigurationError(f"${STRICT_ENV} must be 1 or 0, got {strict_text!r}")
     strict = _SWITCH[strict_text] and not no_strict
     return McpSettings(wait_seconds=max(0.0, wait_seconds), strict=strict)
 
