@@ -270,6 +270,12 @@ EFFECT_BROKER_TIMING = {
     "stalled_job_seconds": _seconds("EFFECT_BROKER_STALLED_JOB_SECONDS", 30.0),
 }
 
+#: /readyz fails when no worker heartbeated within this many seconds (0: not checked;
+#: effect_broker.api.health). Default: the stalled-worker timeout below.
+EFFECT_BROKER_READY_WORKER_SECONDS = _seconds(
+    "EFFECT_BROKER_READY_WORKER_SECONDS", EFFECT_BROKER_TIMING["stalled_job_seconds"]
+)
+
 # procrastinate: a worker heartbeats well below the stalled timeout, so a live worker is
 # never pruned by a peer that starts (procrastinate prunes on start; a pruned live worker
 # crashes on its next fetch).

@@ -59,3 +59,12 @@ def reset_adapters() -> None:
         close = getattr(adapter, "close", None)
         if callable(close):
             close()
+
+
+def check_adapter(contract: EffectContract) -> None:
+    """Build the contract's adapter once, uncached, and close it: its constructor
+    checks the adapter options (``contracts validate``). Raise ConfigurationError."""
+    adapter = _adapter_class(contract.adapter)(contract)
+    close = getattr(adapter, "close", None)
+    if callable(close):
+        close()

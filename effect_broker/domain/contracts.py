@@ -642,6 +642,41 @@ def _parse_passthroughs(data: Mapping[str, Any], source: str) -> list[PassThroug
     return parsed
 
 
+def check_contracts_text(
+    text: str, *, source: str = "<string>"
+) -> tuple[list[EffectContract], list[ContractError]]:
+    """Every problem in a contracts file, not only the first (``contracts validate``),
+    and the contracts that parsed.
+
+    Each ``[[contract]]`` entry is checked on its own, then the valid ones together
+    (duplicate versions, two active contracts for one tool); no errors means
+    ``parse_contracts`` accepts the same text.
+    """
+    try:
+        return list(parse_contracts(text, source=source)), []
+    except ContractError as first:
+        errors = [first]
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return [], errors  # nothing past a syntax error can be read
+    entries = data.get("contract", [])
+    if not isinstance(entries, list) or any(key != "contract" for key in data):
+        return [], errors
+    parsed: list[EffectContract] = []
+    errors = []
+    for index, raw in enumerate(entries, 1):
+        try:
+            parsed.append(_parse_one(raw, index, source))
+        except ContractError as exc:
+            errors.append(exc)
+    try:
+        ContractRegistry(parsed, source=source)
+    except ContractError as exc:
+        errors.append(exc)
+    return parsed, errors
+
+
 def load_contracts(path: str | os.PathLike[str]) -> ContractRegistry:
     """Load and validate a contracts TOML file."""
     source = os.fspath(path)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import uuid
+
+from django.db import IntegrityError, transaction
 
 from effect_broker.domain.errors import (
     AuthenticationError,
     InvalidRequestError,
     TenantDisabledError,
+    TenantNotFoundError,
 )
 from effect_broker.models import Tenant
 
@@ -26,11 +30,57 @@ def create_tenant(name: str, *, hmac_key_id: str = "h1") -> tuple[Tenant, str]:
     name = name.strip()
     if not name or len(name) > 200:
         raise InvalidRequestError("tenant name must be 1-200 characters")
-    api_key = API_KEY_PREFIX + secrets.token_urlsafe(32)
-    tenant = Tenant.objects.create(
-        name=name, api_key_hash=hash_api_key(api_key), hmac_key_id=hmac_key_id
-    )
+    api_key = _new_api_key()
+    try:
+        with transaction.atomic():
+            tenant = Tenant.objects.create(
+                name=name, api_key_hash=hash_api_key(api_key), hmac_key_id=hmac_key_id
+            )
+    except IntegrityError as exc:
+        if Tenant.objects.filter(name=name).exists():
+            raise InvalidRequestError(
+                f"a tenant named {name!r} already exists", field="name"
+            ) from exc
+        raise
     return tenant, api_key
+
+
+def _new_api_key() -> str:
+    return API_KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def find_tenant(name_or_id: str) -> Tenant:
+    """The tenant with this id, or else this name."""
+    text = name_or_id.strip()
+    tenant = None
+    try:
+        tenant = Tenant.objects.filter(id=uuid.UUID(text)).first()
+    except ValueError:
+        pass
+    if tenant is None:
+        tenant = Tenant.objects.filter(name=text).first()
+    if tenant is None:
+        raise TenantNotFoundError(f"no tenant named or with id {text!r}")
+    return tenant
+
+
+def rotate_api_key(name_or_id: str) -> tuple[Tenant, str]:
+    """Replace a tenant's API key; the old key stops working at once. Return the new
+    key (shown once, never stored)."""
+    tenant = find_tenant(name_or_id)
+    api_key = _new_api_key()
+    Tenant.objects.filter(id=tenant.id).update(api_key_hash=hash_api_key(api_key))
+    tenant.refresh_from_db()
+    return tenant, api_key
+
+
+def set_disabled(name_or_id: str, *, disabled: bool) -> Tenant:
+    """Disable (the API refuses its key with 403 ``tenant_disabled``) or enable a
+    tenant. Effects it already submitted are not touched: workers carry on with them."""
+    tenant = find_tenant(name_or_id)
+    Tenant.objects.filter(id=tenant.id).update(disabled=disabled)
+    tenant.refresh_from_db()
+    return tenant
 
 
 def authenticate(api_key: str | None) -> Tenant:

@@ -1,0 +1,130 @@
+"""``effect-broker serve``: the API in production (uvicorn, ASGI, the ``api`` role).
+
+The command replaces itself with ``python -m uvicorn effect_broker.serving:application``
+(``exec``): signals then reach uvicorn directly, so SIGTERM or Ctrl-C is a graceful
+shutdown - no new connections, in-flight requests finish (up to
+``--graceful-timeout``), then the lifespan shutdown closes the connection pools
+(config/asgi.py). The served process declares ``EFFECT_BROKER_PROCESS_ROLE=api``, so
+it gets the API's connection pool and request admission (config/capacity.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from config.capacity import API, ROLE_ENV
+
+APP = "effect_broker.serving:application"
+
+
+def uvicorn_argv(options: dict[str, Any]) -> list[str]:
+    """The uvicorn command line for ``options``."""
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        APP,
+        "--host",
+        options["host"],
+        "--port",
+        str(options["port"]),
+        "--workers",
+        str(options["workers"]),
+        "--timeout-graceful-shutdown",
+        str(options["graceful_timeout"]),
+        "--log-level",
+        options["log_level"],
+        "--lifespan",
+        "on",
+        # The broker's own headers and errors only (no "server: uvicorn").
+        "--no-server-header",
+    ]
+    if options["forwarded_allow_ips"]:
+        argv += ["--proxy-headers", "--forwarded-allow-ips", options["forwarded_allow_ips"]]
+    else:
+        argv += ["--no-proxy-headers"]
+    if not options["access_log"]:
+        argv.append("--no-access-log")
+    return argv
+
+
+class Command(BaseCommand):
+    help = (
+        "Serve the API and the admin (uvicorn, production ASGI) with static files. "
+        "SIGTERM stops gracefully: in-flight requests finish first."
+    )
+    # The database is not needed to start; /readyz reports on it.
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--host", default=os.environ.get("EFFECT_BROKER_HOST", "127.0.0.1"),
+            help="address to bind (default 127.0.0.1, or EFFECT_BROKER_HOST; "
+            "0.0.0.0 in a container)",
+        )
+        parser.add_argument(
+            "--port", type=int, default=int(os.environ.get("EFFECT_BROKER_PORT", "8000")),
+            help="port (default 8000, or EFFECT_BROKER_PORT)",
+        )
+        parser.add_argument(
+            "--workers", type=int, default=1,
+            help="uvicorn worker processes (default 1; each has its own connection "
+            "pool, so PostgreSQL needs workers x EFFECT_BROKER_API_DB_POOL_MAX_SIZE "
+            "connections)",
+        )
+        parser.add_argument(
+            "--graceful-timeout", type=int, default=30, metavar="SECONDS",
+            help="on SIGTERM, how long in-flight requests may take to finish (default 30)",
+        )
+        parser.add_argument(
+            "--log-level", default="info",
+            choices=["critical", "error", "warning", "info", "debug"],
+            help="uvicorn's log level (default info)",
+        )
+        parser.add_argument(
+            "--no-access-log", dest="access_log", action="store_false",
+            help="do not log each request",
+        )
+        parser.add_argument(
+            "--forwarded-allow-ips", default="", metavar="IPS",
+            help="trust X-Forwarded-* from these proxy addresses (default: none)",
+        )
+        parser.add_argument(
+            "--no-collectstatic", dest="collectstatic", action="store_false",
+            help="with WhiteNoise enabled, do not run collectstatic before serving",
+        )
+        parser.add_argument(
+            "--print-command", action="store_true",
+            help="print the uvicorn command instead of running it",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["workers"] < 1:
+            raise CommandError("--workers must be at least 1")
+        if not 0 < options["port"] < 65536:
+            raise CommandError("--port must be 1-65535")
+        if options["graceful_timeout"] < 0:
+            raise CommandError("--graceful-timeout must be >= 0")
+        argv = uvicorn_argv(options)
+        if options["print_command"]:
+            self.stdout.write(" ".join(argv))
+            return
+        from effect_broker.serving import whitenoise_enabled
+
+        if whitenoise_enabled() and options["collectstatic"]:
+            # WhiteNoise serves what collectstatic gathered into STATIC_ROOT.
+            call_command("collectstatic", interactive=False, verbosity=0)
+            self.stdout.write(f"static files collected into {settings.STATIC_ROOT}")
+        self.stdout.write(
+            f"serving the API on http://{options['host']}:{options['port']} "
+            f"({options['workers']} worker(s)); Ctrl-C or SIGTERM stops gracefully"
+        )
+        self.stdout.flush()
+        env = {**os.environ, ROLE_ENV: API}
+        os.execvpe(argv[0], argv, env)
