@@ -225,17 +225,62 @@ STORAGES = {
 # about a STATIC_ROOT that no collectstatic has filled yet; production reads it once.
 WHITENOISE_AUTOREFRESH = DEBUG
 
+#: plain (default) or json: one JSON object per line (effect_broker.log_format).
+EFFECT_BROKER_LOG_FORMAT = (
+    os.environ.get("EFFECT_BROKER_LOG_FORMAT", "").strip().lower() or "plain"
+)
+if EFFECT_BROKER_LOG_FORMAT not in ("plain", "json"):
+    from effect_broker.domain.errors import ConfigurationError
+
+    raise ConfigurationError(
+        f"EFFECT_BROKER_LOG_FORMAT must be plain or json, got {EFFECT_BROKER_LOG_FORMAT!r}"
+    )
+# Servers log at INFO by default; a one-shot command (role cli) only warnings, so its
+# own output is not buried under start-up lines.
+_LOG_LEVEL = os.environ.get("EFFECT_BROKER_LOG_LEVEL", "").strip().upper() or (
+    "WARNING" if EFFECT_BROKER_PROCESS_ROLE == capacity.CLI else "INFO"
+)
+if _LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+    from effect_broker.domain.errors import ConfigurationError
+
+    raise ConfigurationError(
+        "EFFECT_BROKER_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL, "
+        f"got {_LOG_LEVEL!r}"
+    )
+# The broker's and procrastinate's loggers (issue 11: the worker log was silent).
+# At INFO a worker logs each job's start and end (procrastinate) and every
+# outcome_unknown with its effect id (effect_broker.services.outcomes); no broker
+# log line carries arguments, outputs or keys.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "plain": {"()": "effect_broker.log_format.PlainFormatter"},
+        "json": {"()": "effect_broker.log_format.JsonFormatter"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": EFFECT_BROKER_LOG_FORMAT,
+        }
+    },
     "loggers": {
         "effect_broker": {
             "handlers": ["console"],
-            "level": os.environ.get("EFFECT_BROKER_LOG_LEVEL", "WARNING"),
+            "level": _LOG_LEVEL,
+        },
+        "procrastinate": {
+            "handlers": ["console"],
+            # At INFO: each job's start and end. The API only defers jobs, so it keeps
+            # procrastinate to warnings (its start-up lines say nothing there).
+            "level": _LOG_LEVEL
+            if EFFECT_BROKER_PROCESS_ROLE == capacity.WORKER or _LOG_LEVEL != "INFO"
+            else "WARNING",
+        },
+        "django": {
+            "handlers": ["console"],
+            # Django's INFO and DEBUG are per request and per query.
+            "level": _LOG_LEVEL if _LOG_LEVEL in ("ERROR", "CRITICAL") else "WARNING",
         },
     },
 }

@@ -16,6 +16,8 @@ proof of non-commit (a conclusive probe, an operator's attestation) clears the d
 
 from __future__ import annotations
 
+import logging
+
 from collections.abc import Mapping
 from datetime import datetime
 
@@ -44,6 +46,8 @@ _IN_DOUBT = (
     "an earlier attempt may have reached the target unanswered, so this cannot prove "
     "that nothing was charged"
 )
+
+logger = logging.getLogger(__name__)
 
 
 def _subject(record: EffectRecord) -> str:
@@ -333,4 +337,20 @@ def _write_unknown(
         if updated.next_action_at is not None:
             rt.scheduler.reconcile(record.effect_id, at=updated.next_action_at)
     metrics.unknown(updated, cause=event_type)
+    # Logged after the commit, so the line never speaks of a state that rolled back.
+    # Ids and classification only: never arguments, outputs or keys (STYLE rule 8).
+    logger.warning(
+        "effect outcome unknown",
+        extra={
+            "action": "outcome_unknown",
+            "effect_id": record.effect_id,
+            "tool": record.tool,
+            "contract": f"{record.contract_name}@{record.contract_version}",
+            "safety": record.safety.value,
+            "attempt": updated.attempt_count,
+            "reason": reason,
+            "event": event_type,
+            "actor": actor,
+        },
+    )
     return updated
