@@ -112,5 +112,8 @@ def test_requests_without_a_valid_key_are_401(client: Client, key) -> None:
 
 @pytest.mark.django_db
 def test_health_and_readiness(client: Client) -> None:
+    from tests.integration.test_readiness import live_worker
+
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready"}
+    with live_worker():  # readiness also needs a worker (tests/.../test_readiness.py)
+        assert client.get("/readyz").json() == {"status": "ready"}
