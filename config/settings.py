@@ -233,7 +233,8 @@ if EFFECT_BROKER_LOG_FORMAT not in ("plain", "json"):
     from effect_broker.domain.errors import ConfigurationError
 
     raise ConfigurationError(
-        f"EFFECT_BROKER_LOG_FORMAT must be plain or json, got {EFFECT_BROKER_LOG_FORMAT!r}"
+        "EFFECT_BROKER_LOG_FORMAT must be plain or json, "
+        f"got {EFFECT_BROKER_LOG_FORMAT!r}"
     )
 # Servers log at INFO by default; a one-shot command (role cli) only warnings, so its
 # own output is not buried under start-up lines.

@@ -79,7 +79,10 @@ def not_ready_reasons() -> list[dict[str, str]]:
             live = _live_workers(window)
         except Exception as exc:
             reasons.append(
-                {"check": "workers", "detail": f"cannot read workers: {type(exc).__name__}"}
+                {
+                    "check": "workers",
+                    "detail": f"cannot read workers: {type(exc).__name__}",
+                }
             )
         else:
             if live == 0:

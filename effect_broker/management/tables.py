@@ -12,8 +12,9 @@ def render_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str
     lines = [[str(cell) for cell in header], *[[str(c) for c in r] for r in rows]]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
-        .rstrip()
+        "  ".join(
+            cell.ljust(width) for cell, width in zip(line, widths, strict=True)
+        ).rstrip()
         for line in lines
     )
 

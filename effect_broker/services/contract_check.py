@@ -123,7 +123,9 @@ def _problem(error: ContractError, source: str) -> Problem:
     )
 
 
-def _adapter_problem(contract: EffectContract, exc: ConfigurationError, source: str) -> Problem:
+def _adapter_problem(
+    contract: EffectContract, exc: ConfigurationError, source: str
+) -> Problem:
     message = str(exc)
     # Adapters name the option first ("adapter_options.url must be ..."); keep that
     # as the field so the line points at the exact key.
@@ -184,7 +186,9 @@ def _probe_one(
     contract: EffectContract, transport: httpx.BaseTransport | None
 ) -> ProbeOutcome:
     def outcome(state: ProbeState, detail: str) -> ProbeOutcome:
-        return ProbeOutcome(_label(contract), contract.tool, contract.adapter, state, detail)
+        return ProbeOutcome(
+            _label(contract), contract.tool, contract.adapter, state, detail
+        )
 
     kind = contract.adapter
     if kind in IN_PROCESS_ADAPTERS:

@@ -162,7 +162,9 @@ def check_master_key() -> Check:
     bad = []
     for effect_id, tenant_id, operation_key, blob, key_id in rows:
         try:
-            decrypt(keyring, key_id, blob, aad=arguments_aad(str(tenant_id), operation_key))
+            decrypt(
+                keyring, key_id, blob, aad=arguments_aad(str(tenant_id), operation_key)
+            )
         except DecryptionError as exc:
             bad.append({"effect_id": str(effect_id), "key_id": key_id, "error": str(exc)})
     if bad:
@@ -362,7 +364,9 @@ def run_checks(options: DoctorOptions | None = None) -> list[Check]:
         checks.append(run() if schema_ok else _skipped(name))
     checks.append(check_key_retention())
     checks.append(
-        check_operation_keys(opts.lint_sample) if schema_ok else _skipped("operation_keys")
+        check_operation_keys(opts.lint_sample)
+        if schema_ok
+        else _skipped("operation_keys")
     )
     return checks
 

@@ -74,7 +74,10 @@ def check_key_retention() -> Check:
     rows: list[dict[str, Any]] = []
     short: list[str] = []
     for contract in report.contracts:
-        if contract.safety is not SafetyClass.IDEMPOTENT or contract.key_retention is None:
+        if (
+            contract.safety is not SafetyClass.IDEMPOTENT
+            or contract.key_retention is None
+        ):
             continue
         horizon = retry_horizon(contract)
         fits = horizon <= contract.key_retention
@@ -200,7 +203,7 @@ def check_operation_keys(sample: int) -> Check:
                 "examples": [_short(k) for _, keys in repeated[:1] for k in sorted(keys)][
                     :_EXAMPLES
                 ],
-                "why": "identical arguments were submitted under different keys; if "
+                "why": "identical arguments were submitted under several keys; if "
                 "they are one intent, each was performed separately",
             }
         )
@@ -234,7 +237,8 @@ def check_operation_keys(sample: int) -> Check:
         )
     if not findings:
         return Check("operation_keys", "ok", f"{len(rows)} recent key(s) look derived")
-    summary = "; ".join(
-        f"{f['finding']}: {f['count']}" for f in findings
-    ) + f" (of {len(rows)} recent effects)"
+    summary = (
+        "; ".join(f"{f['finding']}: {f['count']}" for f in findings)
+        + f" (of {len(rows)} recent effects)"
+    )
     return Check("operation_keys", "warn", summary, tuple(findings))

@@ -17,7 +17,6 @@ proof of non-commit (a conclusive probe, an operator's attestation) clears the d
 from __future__ import annotations
 
 import logging
-
 from collections.abc import Mapping
 from datetime import datetime
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import secrets
@@ -53,10 +54,8 @@ def find_tenant(name_or_id: str) -> Tenant:
     """The tenant with this id, or else this name."""
     text = name_or_id.strip()
     tenant = None
-    try:
+    with contextlib.suppress(ValueError):  # not an id: look it up as a name
         tenant = Tenant.objects.filter(id=uuid.UUID(text)).first()
-    except ValueError:
-        pass
     if tenant is None:
         tenant = Tenant.objects.filter(name=text).first()
     if tenant is None:

@@ -217,7 +217,8 @@ def test_worker_logs_jobs_and_the_unknown_effect_id_never_its_arguments(
     actions = {line.get("action") for line in lines}
     assert {"start_job", "job_success"} <= actions, sorted(map(str, actions))
     started = [
-        line for line in lines
+        line
+        for line in lines
         if line.get("action") == "start_job" and record.effect_id in line["message"]
     ]
     assert started, "the dispatch job's start names the effect"

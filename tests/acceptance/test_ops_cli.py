@@ -118,9 +118,9 @@ class _Recorder(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    do_HEAD = do_GET = do_POST = _answer  # noqa: N815
+    do_HEAD = do_GET = do_POST = _answer
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 

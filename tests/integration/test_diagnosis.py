@@ -25,7 +25,9 @@ ARGS = {"order": "42", "amount_minor": 1999, "currency": "EUR"}
 
 
 def put(tenant: Any, key: str, tool: str = "charge_card", **arguments: object) -> None:
-    submit(tenant, EffectRequest(operation_key=key, tool=tool, arguments=arguments or ARGS))
+    submit(
+        tenant, EffectRequest(operation_key=key, tool=tool, arguments=arguments or ARGS)
+    )
 
 
 @pytest.mark.django_db

@@ -25,13 +25,17 @@ POOL_SUFFIXES = ("_MIN_SIZE", "_MAX_SIZE", "_TIMEOUT")
 def read_in_code() -> set[str]:
     names: set[str] = set()
     built: list[str] = []
-    for path in [*ROOT.joinpath("config").rglob("*.py"), *ROOT.joinpath(
-        "effect_broker"
-    ).rglob("*.py")]:
+    for path in [
+        *ROOT.joinpath("config").rglob("*.py"),
+        *ROOT.joinpath("effect_broker").rglob("*.py"),
+    ]:
         text = path.read_text(encoding="utf-8")
         names.update(_LITERAL.findall(text))
-        built += [f"{path.relative_to(ROOT)}: {line.strip()}"
-                  for line in text.splitlines() if _BUILT.search(line)]
+        built += [
+            f"{path.relative_to(ROOT)}: {line.strip()}"
+            for line in text.splitlines()
+            if _BUILT.search(line)
+        ]
     # A new computed name must be listed here, or the test cannot see it.
     assert all(POOL_PREFIX in line for line in built), built
     for role in capacity.POOL_DEFAULTS:
@@ -67,14 +71,21 @@ def test_every_variable_the_code_reads_is_in_the_readme_table() -> None:
 
 def test_the_table_documents_no_variable_the_code_does_not_read() -> None:
     code = read_in_code()
-    listed = {n for names in configuration_table() for n in names
-              if n.startswith("EFFECT_BROKER_")}
+    listed = {
+        n
+        for names in configuration_table()
+        for n in names
+        if n.startswith("EFFECT_BROKER_")
+    }
     assert sorted(listed - code) == []
 
 
 def test_the_check_sees_a_missing_row() -> None:
-    table = [row for row in configuration_table() if "EFFECT_BROKER_JOB_POLL_SECONDS"
-             not in row]
+    table = [
+        row
+        for row in configuration_table()
+        if "EFFECT_BROKER_JOB_POLL_SECONDS" not in row
+    ]
     assert not documented("EFFECT_BROKER_JOB_POLL_SECONDS", table)
     assert documented("EFFECT_BROKER_API_DB_POOL_TIMEOUT", table)
     assert documented("EFFECT_BROKER_MAX_ARGUMENT_DEPTH", table)

@@ -82,8 +82,14 @@ class Command(BaseCommand):
                 render_table(
                     ("CONTRACT", "VERSION", "TOOL", "SAFETY", "ADAPTER", "ACTIVE"),
                     [
-                        (c.name, c.version, c.tool, c.safety.value, c.adapter,
-                         "yes" if c.active else "no")
+                        (
+                            c.name,
+                            c.version,
+                            c.tool,
+                            c.safety.value,
+                            c.adapter,
+                            "yes" if c.active else "no",
+                        )
                         for c in report.contracts
                     ],
                 )

@@ -46,7 +46,11 @@ def uvicorn_argv(options: dict[str, Any]) -> list[str]:
         "--no-server-header",
     ]
     if options["forwarded_allow_ips"]:
-        argv += ["--proxy-headers", "--forwarded-allow-ips", options["forwarded_allow_ips"]]
+        argv += [
+            "--proxy-headers",
+            "--forwarded-allow-ips",
+            options["forwarded_allow_ips"],
+        ]
     else:
         argv += ["--no-proxy-headers"]
     if not options["access_log"]:
@@ -64,43 +68,59 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--host", default=os.environ.get("EFFECT_BROKER_HOST", "127.0.0.1"),
+            "--host",
+            default=os.environ.get("EFFECT_BROKER_HOST", "127.0.0.1"),
             help="address to bind (default 127.0.0.1, or EFFECT_BROKER_HOST; "
             "0.0.0.0 in a container)",
         )
         parser.add_argument(
-            "--port", type=int, default=int(os.environ.get("EFFECT_BROKER_PORT", "8000")),
+            "--port",
+            type=int,
+            default=int(os.environ.get("EFFECT_BROKER_PORT", "8000")),
             help="port (default 8000, or EFFECT_BROKER_PORT)",
         )
         parser.add_argument(
-            "--workers", type=int, default=1,
+            "--workers",
+            type=int,
+            default=1,
             help="uvicorn worker processes (default 1; each has its own connection "
             "pool, so PostgreSQL needs workers x EFFECT_BROKER_API_DB_POOL_MAX_SIZE "
             "connections)",
         )
         parser.add_argument(
-            "--graceful-timeout", type=int, default=30, metavar="SECONDS",
-            help="on SIGTERM, how long in-flight requests may take to finish (default 30)",
+            "--graceful-timeout",
+            type=int,
+            default=30,
+            metavar="SECONDS",
+            help="on SIGTERM, how long in-flight requests may finish (default 30)",
         )
         parser.add_argument(
-            "--log-level", default="info",
+            "--log-level",
+            default="info",
             choices=["critical", "error", "warning", "info", "debug"],
             help="uvicorn's log level (default info)",
         )
         parser.add_argument(
-            "--no-access-log", dest="access_log", action="store_false",
+            "--no-access-log",
+            dest="access_log",
+            action="store_false",
             help="do not log each request",
         )
         parser.add_argument(
-            "--forwarded-allow-ips", default="", metavar="IPS",
+            "--forwarded-allow-ips",
+            default="",
+            metavar="IPS",
             help="trust X-Forwarded-* from these proxy addresses (default: none)",
         )
         parser.add_argument(
-            "--no-collectstatic", dest="collectstatic", action="store_false",
+            "--no-collectstatic",
+            dest="collectstatic",
+            action="store_false",
             help="with WhiteNoise enabled, do not run collectstatic before serving",
         )
         parser.add_argument(
-            "--print-command", action="store_true",
+            "--print-command",
+            action="store_true",
             help="print the uvicorn command instead of running it",
         )
 
@@ -127,4 +147,6 @@ class Command(BaseCommand):
         )
         self.stdout.flush()
         env = {**os.environ, ROLE_ENV: API}
-        os.execvpe(argv[0], argv, env)
+        # exec, not a child: signals reach uvicorn itself (graceful shutdown), and
+        # the argv is ours (sys.executable and fixed flags), not a shell string.
+        os.execvpe(argv[0], argv, env)  # noqa: S606

@@ -34,7 +34,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="print JSON")
         sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-        create = sub.add_parser("create", help="create a tenant and print its API key once")
+        create = sub.add_parser(
+            "create", help="create a tenant and print its API key once"
+        )
         create.add_argument("name", help="unique tenant name (1-200 characters)")
         sub.add_parser("list", help="list tenants (never their keys)")
         for action, text in (
@@ -47,7 +49,10 @@ class Command(BaseCommand):
         # --json is accepted after the action too (``tenants list --json``).
         for action_parser in sub.choices.values():
             action_parser.add_argument(
-                "--json", action="store_true", default=False, dest="json_after",
+                "--json",
+                action="store_true",
+                default=False,
+                dest="json_after",
                 help="print JSON",
             )
 
@@ -66,7 +71,9 @@ class Command(BaseCommand):
                     )
                 )
             else:
-                self.stdout.write("no tenants; create one: effect-broker tenants create NAME")
+                self.stdout.write(
+                    "no tenants; create one: effect-broker tenants create NAME"
+                )
             return
         api_key: str | None = None
         if action == "create":
@@ -77,7 +84,9 @@ class Command(BaseCommand):
             tenant = tenants.set_disabled(options["tenant"], disabled=action == "disable")
         row = _row(tenant)
         if as_json:
-            self.stdout.write(to_json({**row, **({"api_key": api_key} if api_key else {})}))
+            self.stdout.write(
+                to_json({**row, **({"api_key": api_key} if api_key else {})})
+            )
             return
         self.stdout.write(f"tenant {tenant.name} id={tenant.id} {row['state']}")
         if api_key:
