@@ -12,9 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-
-from config.asgi import application as api_application
 
 WHITENOISE = "whitenoise.middleware.WhiteNoiseMiddleware"
 
@@ -24,10 +21,23 @@ def whitenoise_enabled() -> bool:
     return WHITENOISE in settings.MIDDLEWARE
 
 
-def _with_static_files(app: Any) -> Any:
+def with_static_files(app: Any) -> Any:
+    """``app``, wrapped to serve ``STATIC_URL`` unless WhiteNoise already does."""
     if whitenoise_enabled() or not settings.STATIC_URL:
         return app
+    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+
     return ASGIStaticFilesHandler(app)
 
 
-application = _with_static_files(api_application)
+def __getattr__(name: str) -> Any:
+    # ``application`` is built on first access (uvicorn's import of
+    # "effect_broker.serving:application"): importing config.asgi declares this
+    # process the API, which only the served process may do.
+    if name == "application":
+        from config.asgi import application as api_application
+
+        app = with_static_files(api_application)
+        globals()["application"] = app
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -62,6 +62,14 @@ class World:
             extra=extra,
         )
 
+    def submit_idempotent(self) -> EffectRecord:
+        request = EffectRequest(
+            operation_key=f"order:{uuid.uuid4().hex[:6]}:charge",
+            tool=TOOLS["idempotent"],
+            arguments={"order": "44", "amount_minor": 700, "currency": "EUR"},
+        )
+        return submit(self.tenant, request).effect  # type: ignore[return-value]
+
     def submit_unsafe_with_lost_response(self) -> EffectRecord:
         """An unsafe charge whose response the target drops after committing."""
         self.target.inject("drop_connection_after_commit")
@@ -135,7 +143,15 @@ def test_doctor_reports_a_dead_worker_and_an_aged_unknown_effect(world: World) -
         assert [w["state"] for w in before["workers"]["details"]] == ["alive"]
         assert before["waiting_effects"]["status"] == "warn"
         # When the worker is SIGKILLed (no unregistering; its heartbeat just stops)
+        # while it waits on a target that committed a charge and does not answer
         worker_id = before["workers"]["details"][0]["worker_id"]
+        world.target.inject("hang_after_commit", seconds=30)
+        hung = world.submit_idempotent()
+        wait_until(
+            lambda: status_of(hung) is EffectStatus.DISPATCHING,
+            timeout=30,
+            what="the worker to be inside the hung dispatch",
+        )
         worker.kill()
     finally:
         worker.stop()
@@ -169,6 +185,12 @@ def test_doctor_reports_a_dead_worker_and_an_aged_unknown_effect(world: World) -
     assert waiting["details"][0]["oldest_age_seconds"] > 2.0
     assert record.effect_id in waiting["summary"]
     assert json.loads(result.stdout)["failed"] == ["workers", "waiting_effects"]
+    # The dead worker's job is still marked running: a stalled job, named by effect.
+    stalled_jobs = found["stalled_jobs"]
+    assert stalled_jobs["status"] == "warn"
+    assert [(j["effect_id"], j["worker_id"]) for j in stalled_jobs["details"]] == [
+        (hung.effect_id, worker_id)
+    ]
     # ... and the human table says the same in one line each
     human = doctor(world.env(), "--max-waiting-age", "2s")
     assert human.returncode == 1

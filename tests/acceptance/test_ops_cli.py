@@ -181,6 +181,16 @@ safety = "unsafe"
     assert seen == [("HEAD", "/")]
 
 
+def test_doctor_with_no_database_fails_in_one_line_per_check() -> None:
+    result = run("doctor", env={"DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x"})
+    assert result.returncode == 1
+    rows = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()[1:11]}
+    assert rows["database"] == "FAIL"
+    assert rows["migrations"] == rows["workers"] == "skip"
+    assert rows["contracts"] == "ok"
+    assert "Traceback" not in result.stdout + result.stderr
+
+
 # --- tenants ----------------------------------------------------------------------
 
 
