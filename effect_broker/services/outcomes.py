@@ -281,6 +281,34 @@ def _back_to_unknown(
     )
 
 
+def log_unknown(
+    record: EffectRecord,
+    *,
+    reason: str,
+    event: str,
+    actor: str,
+    level: int = logging.WARNING,
+) -> None:
+    """Log that ``record`` is (still) OUTCOME_UNKNOWN: ids and classification only,
+    never arguments, outputs or keys (STYLE rule 8). Call it after the commit, so
+    the line never speaks of a state that rolled back."""
+    logger.log(
+        level,
+        "effect outcome unknown",
+        extra={
+            "action": "outcome_unknown",
+            "effect_id": record.effect_id,
+            "tool": record.tool,
+            "contract": f"{record.contract_name}@{record.contract_version}",
+            "safety": record.safety.value,
+            "attempt": record.attempt_count,
+            "reason": reason,
+            "event": event,
+            "actor": actor,
+        },
+    )
+
+
 def record_unknown(
     rt: Runtime,
     record: EffectRecord,
@@ -337,19 +365,5 @@ def _write_unknown(
             rt.scheduler.reconcile(record.effect_id, at=updated.next_action_at)
     metrics.unknown(updated, cause=event_type)
     # Logged after the commit, so the line never speaks of a state that rolled back.
-    # Ids and classification only: never arguments, outputs or keys (STYLE rule 8).
-    logger.warning(
-        "effect outcome unknown",
-        extra={
-            "action": "outcome_unknown",
-            "effect_id": record.effect_id,
-            "tool": record.tool,
-            "contract": f"{record.contract_name}@{record.contract_version}",
-            "safety": record.safety.value,
-            "attempt": updated.attempt_count,
-            "reason": reason,
-            "event": event_type,
-            "actor": actor,
-        },
-    )
+    log_unknown(updated, reason=reason, event=event_type, actor=actor)
     return updated

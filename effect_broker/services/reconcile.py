@@ -15,6 +15,7 @@ Spec "State machine" rules 4-6:
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 
 from django.db import transaction
@@ -169,6 +170,14 @@ def _reconcile_by_probe(
             changes={**_CLEAR_LEASE, "next_action_at": due},
         )
         rt.scheduler.reconcile(record.effect_id, at=due)
+    # Still unknown: INFO, since it repeats until the lookup settles or the window ends.
+    outcomes.log_unknown(
+        updated,
+        reason="lookup inconclusive",
+        event="reconcile_inconclusive",
+        actor=worker,
+        level=logging.INFO,
+    )
     return updated
 
 

@@ -68,7 +68,7 @@ def sweep(*, actor: str = "sweeper", runtime: Runtime | None = None) -> SweepRep
                 # An interrupted reconciliation learned nothing: the outcome is still
                 # unknown, and it is reconciled again.
                 with transaction.atomic():
-                    store.transition(
+                    unknown = store.transition(
                         record,
                         EffectStatus.OUTCOME_UNKNOWN,
                         event_type="reconcile_lease_expired",
@@ -81,6 +81,13 @@ def sweep(*, actor: str = "sweeper", runtime: Runtime | None = None) -> SweepRep
                         },
                     )
                     rt.scheduler.reconcile(record.effect_id)
+                outcomes.log_unknown(
+                    unknown,
+                    reason=f"reconcile lease of {record.lease_owner} expired",
+                    event="reconcile_lease_expired",
+                    actor=actor,
+                    level=logging.INFO,
+                )
             expired += 1
             metrics.lease_expired(record)
         except StaleWriteError as exc:  # the worker finished after all, just in time
