@@ -201,6 +201,12 @@ def test_doctor_reports_a_dead_worker_and_an_aged_unknown_effect(world: World) -
     assert "dead" in lines["workers"]
     assert lines["waiting_effects"].split()[1] == "FAIL"
     assert TOOLS["unsafe"] in lines["waiting_effects"]
+    # ... with a line per tool and per worker below the table
+    assert (
+        f"  {TOOLS['unsafe']}: 1 outcome_unknown, oldest {record.effect_id} waiting "
+        in human.stdout
+    )
+    assert f"  worker {worker_id}: dead, last heartbeat " in human.stdout
     assert "Traceback" not in human.stderr
 
 

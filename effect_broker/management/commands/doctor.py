@@ -11,6 +11,27 @@ from effect_broker.management.tables import render_table, to_json
 from effect_broker.services.diagnosis import DoctorOptions, run_checks
 
 _MARK = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skipped": "skip"}
+_DETAIL_LINES = 10
+
+
+def _detail_line(check: str, detail: dict[str, Any]) -> str:
+    """One readable line for one detail row of a failing or warning check."""
+    if check == "waiting_effects":
+        return (
+            f"{detail['tool']}: {detail['count']} {detail['status']}, oldest "
+            f"{detail['oldest_effect_id']} waiting {detail['oldest_age']}"
+        )
+    if check == "workers":
+        return (
+            f"worker {detail['worker_id']}: {detail['state']}, last heartbeat "
+            f"{detail['heartbeat_age_seconds']:g}s ago, "
+            f"{detail['running']} job(s) running"
+        )
+    if "message" in detail:  # a contract problem: file:contract:field: reason
+        return str(detail["message"])
+    return ", ".join(
+        f"{key}={value}" for key, value in detail.items() if key not in ("why",)
+    ) + (f" ({detail['why']})" if "why" in detail else "")
 
 
 class Command(BaseCommand):
@@ -72,6 +93,14 @@ class Command(BaseCommand):
                     [(c.name, _MARK[c.status], c.summary) for c in checks],
                 )
             )
+            for check in checks:
+                if check.status in ("fail", "warn") and check.details:
+                    self.stdout.write(f"\n{check.name}:")
+                    for detail in check.details[:_DETAIL_LINES]:
+                        self.stdout.write(f"  {_detail_line(check.name, detail)}")
+                    if len(check.details) > _DETAIL_LINES:
+                        more = len(check.details) - _DETAIL_LINES
+                        self.stdout.write(f"  ... and {more} more (--json)")
             self.stdout.write(
                 f"\n{len(failed)} failed, {len(warned)} warning(s); "
                 "details: effect-broker doctor --json"
