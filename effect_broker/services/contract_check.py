@@ -194,8 +194,21 @@ def _probe_one(
     if kind in IN_PROCESS_ADAPTERS:
         return outcome("ok", "in-process simulated target")
     if kind == "http":
-        url = str(contract.adapter_options.get("url", ""))
-        return _head_base(url, outcome, transport)
+        # The lookup may live on another host than the send (probe_url): ask each
+        # base once.
+        urls = [str(contract.adapter_options.get(k, "")) for k in ("url", "probe_url")]
+        by_base: dict[str, ProbeOutcome] = {}
+        for url in filter(None, urls):
+            key = _base(url) or url
+            if key not in by_base:
+                by_base[key] = _head_base(url, outcome, transport)
+        results = list(by_base.values())
+        if not results:
+            return outcome("failed", "no url to probe")
+        bad = [r for r in results if r.state == "failed"]
+        if bad or len(results) == 1:
+            return (bad or results)[0]
+        return outcome("ok", "; ".join(r.detail for r in results))
     if kind == "stripe":
         if not _stripe_key():
             return outcome("skipped", "STRIPE_TEST_KEY is unset")
@@ -204,17 +217,24 @@ def _probe_one(
     return outcome("failed", f"unknown adapter kind {kind!r}; cannot probe")
 
 
+def _base(url: str) -> str | None:
+    """``scheme://host:port/`` of ``url``, or None when it has none to probe."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or "{" in parts.netloc:
+        return None
+    return f"{parts.scheme}://{parts.netloc}/"
+
+
 def _head_base(
     url: str,
     outcome: Callable[[ProbeState, str], ProbeOutcome],
     transport: httpx.BaseTransport | None,
 ) -> ProbeOutcome:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc or "{" in parts.netloc:
+    base = _base(url)
+    if base is None:
         return outcome("failed", f"no base URL to probe in {url!r}")
     # Only scheme://host:port/: the effect's own path is never requested, and HEAD
     # has no body and, by HTTP's definition, no side effect.
-    base = f"{parts.scheme}://{parts.netloc}/"
     try:
         with httpx.Client(
             timeout=PROBE_TIMEOUT,

@@ -163,6 +163,17 @@ adapter = "http"
 url = "http://127.0.0.1:{closed}/charges"
 
 [[contract]]
+name = "rec"
+version = "1"
+safety = "reconcilable"
+settlement_bound = "1s"
+adapter = "http"
+[contract.adapter_options]
+url = "{url}/charges"
+correlation_header = "X-Correlation-Key"
+probe_url = "http://127.0.0.1:{closed}/charges?key={{downstream_key}}"
+
+[[contract]]
 name = "sim"
 version = "1"
 safety = "unsafe"
@@ -177,8 +188,11 @@ safety = "unsafe"
     assert probes["down@1"]["state"] == "failed"
     assert "ConnectError" in probes["down@1"]["detail"]
     assert probes["sim@1"]["state"] == "ok"
-    # The target saw one HEAD of its base URL, never the effect's path or a POST.
-    assert seen == [("HEAD", "/")]
+    # A lookup on another host is asked too: its target is down.
+    assert probes["rec@1"]["state"] == "failed"
+    assert f"HEAD http://127.0.0.1:{closed}/" in probes["rec@1"]["detail"]
+    # The target saw one HEAD of its base URL per contract, never a path or a POST.
+    assert seen == [("HEAD", "/"), ("HEAD", "/")]
 
 
 def test_doctor_with_no_database_fails_in_one_line_per_check() -> None:
