@@ -21,7 +21,7 @@ from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 
 from effect_broker.domain.errors import DecryptionError
-from effect_broker.domain.payload_crypto import Keyring, decrypt
+from effect_broker.domain.payload_crypto import decrypt
 from effect_broker.domain.states import EffectStatus
 
 Status = Literal["ok", "warn", "fail", "skipped"]
@@ -135,20 +135,21 @@ def check_master_key() -> Check:
     """A master key is configured and it is the one the ledger was written with.
 
     The check value is the ledger itself: the newest and the oldest effect's
-    arguments are AES-GCM ciphertexts whose key derives from the master key, so they
-    authenticate only under the same key (a wrong key fails the GCM tag). No extra
-    fingerprint row is needed, and none can drift from the data it vouches for.
+    arguments are AES-GCM ciphertexts whose key derives from a master key in the
+    keyring (its id is stored with them), so they authenticate only under that same
+    key (a wrong key fails the GCM tag; a key missing from the keyring is named). No
+    extra fingerprint row is needed, and none can drift from the data it vouches for.
     """
+    from effect_broker.services.runtime import configured_keyring
     from effect_broker.services.submission import arguments_aad
 
-    master = settings.EFFECT_BROKER_MASTER_KEY
-    if master is None:
+    keyring = configured_keyring()
+    if keyring is None:
         return Check(
             "master_key",
             "fail",
             "not configured (EFFECT_BROKER_MASTER_KEY or EFFECT_BROKER_MASTER_KEY_FILE)",
         )
-    keyring = Keyring.from_master_key(master)
     with connection.cursor() as cur:
         # By id: time-ordered (v7) ids make both ends one primary-key index probe,
         # however large the ledger.

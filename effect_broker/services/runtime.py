@@ -108,6 +108,13 @@ def _payload_keyring(hash_root: bytes) -> Keyring:
     )
 
 
+def configured_keyring() -> Keyring | None:
+    """The payload keyring the settings describe (None without a master key): what
+    ``doctor`` checks stored ciphertexts against, without loading contracts."""
+    master = settings.EFFECT_BROKER_MASTER_KEY
+    return None if master is None else _payload_keyring(master)
+
+
 def _build() -> Runtime:
     master = settings.EFFECT_BROKER_MASTER_KEY
     if master is None:

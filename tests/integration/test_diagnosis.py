@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from effect_broker.domain.master_keys import MasterKeys
 from effect_broker.domain.records import EffectRequest
 from effect_broker.services import diagnosis
 from effect_broker.services.key_lint import (
@@ -41,11 +42,20 @@ def test_master_key_check_fails_when_the_ledger_was_written_with_another_key(
         "ok",
         "matches the ledger (1 stored payload(s) decrypt)",
     )
-    settings.EFFECT_BROKER_MASTER_KEY = os.urandom(32)
+    # Another key under the same id: the stored ciphertext does not authenticate.
+    other_key = os.urandom(32)
+    settings.EFFECT_BROKER_MASTER_KEY = other_key
+    settings.EFFECT_BROKER_MASTER_KEYS = MasterKeys(entries=(("k1", other_key),))
     other = diagnosis.check_master_key()
     assert other.status == "fail"
     assert "written with a different master key" in other.summary
     assert other.details[0]["key_id"] == "k1"
+    assert "failed authentication" in other.details[0]["error"]
+    # A keyring that lost the key the ledger was written with names the missing id.
+    settings.EFFECT_BROKER_MASTER_KEYS = MasterKeys(entries=(("k2", other_key),))
+    lost = diagnosis.check_master_key()
+    assert lost.status == "fail"
+    assert "unknown payload key id 'k1'" in lost.details[0]["error"]
     settings.EFFECT_BROKER_MASTER_KEY = None
     assert diagnosis.check_master_key().status == "fail"
 
