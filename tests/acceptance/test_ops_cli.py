@@ -287,10 +287,25 @@ def test_serve_answers_serves_admin_css_and_stops_gracefully_on_sigterm(
 ) -> None:
     port = free_port()
     log = (tmp_path / "serve.log").open("wb")
+    # DEBUG off: static files come only from collectstatic's output, as in production.
+    static_root = tmp_path / "static"
     server = subprocess.Popen(
-        [sys.executable, "-m", "effect_broker.cli", "serve", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "effect_broker.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--collectstatic",
+        ],
         cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "DEBUG": "0",
+            "EFFECT_BROKER_STATIC_ROOT": str(static_root),
+        },
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -313,6 +328,7 @@ def test_serve_answers_serves_admin_css_and_stops_gracefully_on_sigterm(
         css = httpx.get(f"{base}/{static}/admin/css/base.css", trust_env=False)
         assert css.status_code == 200
         assert css.headers["content-type"].startswith("text/css")
+        assert (static_root / "admin" / "css" / "base.css").is_file()
         assert "server" not in health.headers
         # The served process replaced the command (exec): the signal reaches uvicorn.
         server.send_signal(signal.SIGTERM)

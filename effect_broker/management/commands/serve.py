@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -21,6 +22,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from config.capacity import API, ROLE_ENV
 
 APP = "effect_broker.serving:application"
+
+
+def static_files_collected() -> bool:
+    """True when STATIC_ROOT holds collectstatic's output (the admin's stylesheet)."""
+    return Path(settings.STATIC_ROOT, "admin", "css", "base.css").is_file()
 
 
 def uvicorn_argv(options: dict[str, Any]) -> list[str]:
@@ -113,10 +119,11 @@ class Command(BaseCommand):
             help="trust X-Forwarded-* from these proxy addresses (default: none)",
         )
         parser.add_argument(
-            "--no-collectstatic",
-            dest="collectstatic",
-            action="store_false",
-            help="with WhiteNoise enabled, do not run collectstatic before serving",
+            "--collectstatic",
+            action="store_true",
+            help="run collectstatic into STATIC_ROOT (EFFECT_BROKER_STATIC_ROOT) first; "
+            "in production do it once per release instead when several servers share "
+            "the directory",
         )
         parser.add_argument(
             "--print-command",
@@ -137,10 +144,8 @@ class Command(BaseCommand):
             return
         from effect_broker.serving import whitenoise_enabled
 
-        if whitenoise_enabled() and options["collectstatic"]:
-            # WhiteNoise serves what collectstatic gathered into STATIC_ROOT.
-            call_command("collectstatic", interactive=False, verbosity=0)
-            self.stdout.write(f"static files collected into {settings.STATIC_ROOT}")
+        if whitenoise_enabled():
+            self._static_files(collect=options["collectstatic"])
         self.stdout.write(
             f"serving the API on http://{options['host']}:{options['port']} "
             f"({options['workers']} worker(s)); Ctrl-C or SIGTERM stops gracefully"
@@ -150,3 +155,17 @@ class Command(BaseCommand):
         # exec, not a child: signals reach uvicorn itself (graceful shutdown), and
         # the argv is ours (sys.executable and fixed flags), not a shell string.
         os.execvpe(argv[0], argv, env)  # noqa: S606
+
+    def _static_files(self, *, collect: bool) -> None:
+        if collect:
+            # WhiteNoise serves what collectstatic gathered into STATIC_ROOT.
+            call_command("collectstatic", interactive=False, verbosity=0)
+            self.stdout.write(f"static files collected into {settings.STATIC_ROOT}")
+        elif not settings.DEBUG and not static_files_collected():
+            # With DEBUG off WhiteNoise serves STATIC_ROOT only: without collectstatic
+            # the admin has no styles and /docs no Swagger UI.
+            self.stderr.write(
+                "effect-broker serve: warning: no static files in "
+                f"{settings.STATIC_ROOT}; run 'effect-broker collectstatic --noinput' "
+                "(or serve --collectstatic)"
+            )
