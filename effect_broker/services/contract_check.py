@@ -5,14 +5,16 @@ makes every submit fail with 500 (issue 11), so it must be caught where an opera
 looks: each problem as one ``file:contract:field: reason`` line, all of them at once.
 
 ``--probe`` asks each target whether it answers at all. It never sends a side effect:
-an http target gets one bounded ``HEAD`` of its base URL (scheme, host and port only,
-never the effect path), and any HTTP answer - even a 404 or 405 - proves something
-listens there.
+an http target (or an MCP server over streamable HTTP) gets one bounded ``HEAD`` of
+its base URL (scheme, host and port only, never the effect path), and any HTTP
+answer - even a 404 or 405 - proves something listens there. An MCP server over
+stdio is only looked up on PATH, never started.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,6 +211,17 @@ def _probe_one(
         if bad or len(results) == 1:
             return (bad or results)[0]
         return outcome("ok", "; ".join(r.detail for r in results))
+    if kind == "mcp" and contract.upstream is not None:
+        upstream = contract.upstream
+        if upstream.url:
+            return _head_base(upstream.url, outcome, transport)
+        # A stdio server is started per attempt: check it can be, never start it
+        # (its start-up is the upstream's code, not ours to run from a check).
+        program = upstream.command[0] if upstream.command else ""
+        found = shutil.which(program) if program else None
+        if found is None:
+            return outcome("failed", f"stdio command {program!r} not found on PATH")
+        return outcome("ok", f"stdio command {program!r} found at {found}")
     if kind == "stripe":
         if not _stripe_key():
             return outcome("skipped", "STRIPE_TEST_KEY is unset")

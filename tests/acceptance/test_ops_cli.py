@@ -22,6 +22,7 @@ from django.db import connection
 from django.test import Client
 
 from config.database import url_from_settings
+from effect_broker.domain.contracts import load_contracts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,14 +78,13 @@ def test_validate_names_every_problem_as_file_contract_field(tmp_path: Path) -> 
     result = run("contracts", "validate", str(path))
     assert result.returncode == 1
     problems = [line for line in result.stderr.splitlines() if line.startswith(str(path))]
-    assert problems[:3] == [
-        f"{path}:pay@1:key_retention: required for safety class idempotent",
-        f"{path}:refund@1:retry_limt: unknown key; did you mean 'retry_limit'? "
-        "(allowed: active, adapter, adapter_options, attempt_timeout, backoff_initial, "
-        "backoff_max, description, key_retention, mcp, name, preview_fields, "
-        "retry_limit, safety, settlement_bound, tool, version)",
-        f"{path}:ship@1:adapter_options.url: must be a non-empty string",
-    ]
+    assert problems[0] == (
+        f"{path}:pay@1:key_retention: required for safety class idempotent"
+    )
+    assert problems[1].startswith(
+        f"{path}:refund@1:retry_limt: unknown key; did you mean 'retry_limit'? (allowed: "
+    )
+    assert problems[2] == f"{path}:ship@1:adapter_options.url: must be a non-empty string"
     assert "3 problem(s)" in problems[3]
     assert "Traceback" not in result.stderr
     as_json = run("contracts", "validate", str(path), "--json")
@@ -99,9 +99,10 @@ def test_validate_names_every_problem_as_file_contract_field(tmp_path: Path) -> 
 
 
 def test_validate_accepts_the_shipped_example_and_a_missing_file_is_one_line() -> None:
-    good = run("contracts", "validate", str(ROOT / "examples" / "contracts.toml"))
+    example = ROOT / "examples" / "contracts.toml"
+    good = run("contracts", "validate", str(example))
     assert good.returncode == 0, good.stderr
-    assert "4 contract(s) valid" in good.stdout
+    assert f"{len(load_contracts(example))} contract(s) valid" in good.stdout
     missing = run("contracts", "validate", "/nonexistent/contracts.toml")
     assert missing.returncode == 1
     assert missing.stderr.splitlines()[0].startswith(
@@ -174,6 +175,24 @@ correlation_header = "X-Correlation-Key"
 probe_url = "http://127.0.0.1:{closed}/charges?key={{downstream_key}}"
 
 [[contract]]
+name = "mcp-http"
+version = "1"
+safety = "unsafe"
+adapter = "mcp"
+[contract.upstream]
+url = "{url}/mcp"
+tool = "charge"
+
+[[contract]]
+name = "mcp-stdio"
+version = "1"
+safety = "unsafe"
+adapter = "mcp"
+[contract.upstream]
+command = "no-such-mcp-server-{closed}"
+tool = "charge"
+
+[[contract]]
 name = "sim"
 version = "1"
 safety = "unsafe"
@@ -191,8 +210,12 @@ safety = "unsafe"
     # A lookup on another host is asked too: its target is down.
     assert probes["rec@1"]["state"] == "failed"
     assert f"HEAD http://127.0.0.1:{closed}/" in probes["rec@1"]["detail"]
+    # An MCP server: over HTTP its base URL is asked; over stdio it is only looked up.
+    assert probes["mcp-http@1"]["state"] == "ok"
+    assert probes["mcp-stdio@1"]["state"] == "failed"
+    assert "not found on PATH" in probes["mcp-stdio@1"]["detail"]
     # The target saw one HEAD of its base URL per contract, never a path or a POST.
-    assert seen == [("HEAD", "/"), ("HEAD", "/")]
+    assert seen == [("HEAD", "/")] * 3
 
 
 def test_doctor_with_no_database_fails_in_one_line_per_check() -> None:
