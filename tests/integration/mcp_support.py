@@ -20,6 +20,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from config.database import url_from_settings
+from effect_broker.adapters.registry import reset_adapters
 from effect_broker.adapters.simulated_adapter import reset_targets
 from effect_broker.domain.contracts import load_contracts
 from effect_broker.models import EffectIntent, Tenant
@@ -119,6 +120,9 @@ def open_world(tmp_path: Path, contracts: str = CONTRACTS) -> Iterator[World]:
         },
     )
     runtime.reset()
+    # Adapters are cached per contract and hold their target: forget both, or a fault
+    # injected into a fresh target would miss the one dispatch uses.
+    reset_adapters()
     reset_targets()
     try:
         # This process dispatches with the same contracts the server submits under.
@@ -128,6 +132,7 @@ def open_world(tmp_path: Path, contracts: str = CONTRACTS) -> Iterator[World]:
             yield World(tenant, api_key, env)
     finally:
         runtime.reset()
+        reset_adapters()
         reset_targets()
 
 
