@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import urlsplit
 
 from psycopg.conninfo import conninfo_to_dict
 
 from effect_broker.domain.errors import ConfigurationError
+from effect_broker.store.database_url import url_from_settings
+
+__all__ = ["url_from_settings"]  # re-exported: examples and tests import it from here
 
 DEFAULT_DB_NAME = "effect_broker"
 
@@ -75,33 +78,6 @@ def database_from_url(url: str) -> dict[str, Any]:
         **connection_lifetime(),
         "ATOMIC_REQUESTS": False,
     }
-
-
-def url_from_settings(settings: dict[str, Any], *, dbname: str | None = None) -> str:
-    """A ``postgresql://`` URL for a Django DATABASES entry (unix sockets included).
-
-    Child processes (workers, the target service, the crash matrix) get the exact
-    database the parent uses through ``DATABASE_URL``.
-    """
-    user = quote(settings.get("USER") or "", safe="")
-    password = settings.get("PASSWORD") or ""
-    auth = user + (f":{quote(password, safe='')}" if password else "")
-    host, port = settings.get("HOST") or "", str(settings.get("PORT") or "")
-    query: dict[str, str] = {
-        key: str(value)
-        for key, value in (settings.get("OPTIONS") or {}).items()
-        if isinstance(value, str | int)
-    }
-    if host.startswith("/"):
-        # A socket directory cannot sit in the authority part; libpq reads ?host=.
-        netloc = f"{auth}@" if auth else ""
-        query["host"] = host
-        if port:
-            query["port"] = port
-    else:
-        netloc = (f"{auth}@" if auth else "") + host + (f":{port}" if port else "")
-    name = quote(dbname or settings["NAME"], safe="")
-    return f"postgresql://{netloc}/{name}" + (f"?{urlencode(query)}" if query else "")
 
 
 def embedded_database() -> dict[str, Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import psycopg
 from django.db import connection
 
-from config.database import url_from_settings
+from effect_broker.store.database_url import url_from_settings
 
 #: Must match the channel in migration 0009.
 CHANNEL = "effect_broker_effect_changed"

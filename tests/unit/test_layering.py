@@ -60,3 +60,24 @@ def test_the_mcp_surface_calls_services_never_the_store(path: Path) -> None:
         if name == "effect_broker.store" or name.startswith("effect_broker.store.")
     )
     assert leaks == [], f"{path.name} reaches past the services: {leaks}"
+
+
+#: The console script's own entry points: they run in the broker's process with the
+#: broker's settings, so they may reach the project packages `config` and `examples`.
+ENTRY_POINTS = ("cli.py", "serving.py", "management/")
+LIBRARY = sorted(
+    path
+    for path in PACKAGE.rglob("*.py")
+    if not path.relative_to(PACKAGE).as_posix().startswith(ENTRY_POINTS)
+    and "migrations" not in path.parts
+)
+
+
+@pytest.mark.parametrize("path", LIBRARY, ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_the_library_never_imports_the_project_packages(path: Path) -> None:
+    # Inside another Django project (the in-process client), a top-level `config` or
+    # `examples` is that project's own: importing it would load the wrong module.
+    leaks = sorted(
+        name for name in _imports(path) if name.split(".")[0] in {"config", "examples"}
+    )
+    assert leaks == [], f"{path.name} imports the project packages: {leaks}"
