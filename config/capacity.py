@@ -11,9 +11,9 @@ connections"):
   therefore ignores ``EFFECT_BROKER_DB_CONN_MAX_AGE``, with a warning, and borrows
   connections from a bounded pool instead (a new backend per request cost about 6 ms
   of PostgreSQL CPU);
-* a **worker** (``effect-broker procrastinate worker`` sets ``worker``) runs each job
-  in a thread and closes Django's connection after it; the pool hands it back for the
-  next job instead of starting a new backend;
+* a **worker** (``effect-broker worker``, ``reconciler`` or ``procrastinate worker``
+  set ``worker``) runs each job in a thread and closes Django's connection after it;
+  the pool hands it back for the next job instead of starting a new backend;
 * anything else (``cli``: management commands, tests, WSGI) keeps Django's defaults:
   no pool, ``CONN_MAX_AGE`` as configured.
 
@@ -70,8 +70,15 @@ class Admission:
     queue_timeout: float
 
 
+#: Commands that run procrastinate workers (``effect_broker.workers``).
+WORKER_COMMANDS = frozenset({"worker", "reconciler"})
+
+
 def role_for_command(args: Sequence[str]) -> str:
-    """The role of ``effect-broker <args>``: ``worker`` for ``procrastinate worker``."""
+    """The role of ``effect-broker <args>``: ``worker`` for ``worker``,
+    ``reconciler`` and ``procrastinate worker``."""
+    if args and args[0] in WORKER_COMMANDS:
+        return WORKER
     if args and args[0] == "procrastinate":
         subcommand = next((a for a in args[1:] if not a.startswith("-")), None)
         if subcommand == "worker":

@@ -51,6 +51,49 @@ def connection_lifetime() -> dict[str, Any]:
     return {"CONN_MAX_AGE": seconds, "CONN_HEALTH_CHECKS": seconds > 0}
 
 
+#: libpq options every connection carries unless DATABASE_URL sets them (issue 11).
+#: connect_timeout bounds a connect to a database that does not answer (a failover's
+#: dead address drops SYNs: without it a connect waits for the kernel, ~2 min).
+#: TCP keepalives probe an idle connection: a peer gone without a FIN (host crash,
+#: failover, a NAT that forgot the flow) is declared dead after idle + interval x
+#: count = 60 s instead of the kernel's two hours (procrastinate #1596: a worker
+#: waited forever on such a connection). tcp_user_timeout covers the other half:
+#: data sent and never acknowledged fails after as long, not ~15 min of resends.
+#: Each is an EFFECT_BROKER_DB_<NAME> variable; unix-socket connections ignore them.
+CONNECTION_SAFETY_DEFAULTS = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 60_000,  # milliseconds
+}
+
+
+def connection_safety_options() -> dict[str, int]:
+    """``CONNECTION_SAFETY_DEFAULTS`` with ``EFFECT_BROKER_DB_*`` overrides applied."""
+    options = {}
+    for name, default in CONNECTION_SAFETY_DEFAULTS.items():
+        variable = f"EFFECT_BROKER_DB_{name.upper()}"
+        raw = os.environ.get(variable, "").strip()
+        if not raw:
+            options[name] = default
+        elif raw.isdigit():
+            options[name] = int(raw)
+        else:
+            raise ConfigurationError(
+                f"{variable} must be a whole number >= 0, got {raw!r}"
+            )
+    return options
+
+
+def with_connection_safety(database: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``database`` whose OPTIONS carry the safety options it does not set
+    itself (a value in DATABASE_URL's query string wins)."""
+    options = {**connection_safety_options(), **(database.get("OPTIONS") or {})}
+    return {**database, "OPTIONS": options}
+
+
 def database_from_url(url: str) -> dict[str, Any]:
     """Translate a ``postgresql://`` URL into a Django DATABASES entry."""
     scheme = urlsplit(url).scheme

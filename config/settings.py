@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from config import capacity
-from config.database import choose_database
+from config.database import choose_database, with_connection_safety
 from config.environment import (
     env_bool,
     load_master_keys,
@@ -107,6 +107,10 @@ MIDDLEWARE = [
     "effect_broker.api.problems.CapacityErrorMiddleware",
     # The caller's W3C traceparent becomes the submit span's parent (tracing).
     "effect_broker.observability.tracing.trace_context_middleware",
+    # The database out of reach (down, restarting, failing over): 503
+    # database_unavailable with Retry-After, never a 500 (issue 11). Listed last, so
+    # Django runs it first: an outage is answered before capacity is considered.
+    "effect_broker.api.database_unavailable.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -133,7 +137,12 @@ EFFECT_BROKER_PROCESS_ROLE = capacity.process_role()
 DATABASES = {
     # with_query_metrics: django-prometheus's query metrics; the pool is untouched.
     "default": with_query_metrics(
-        capacity.apply_role(choose_database(), EFFECT_BROKER_PROCESS_ROLE)
+        capacity.apply_role(
+            # Keepalives and bounded timeouts on every connection, Django's and the
+            # procrastinate worker's (it reads these OPTIONS): issue 11.
+            with_connection_safety(choose_database()),
+            EFFECT_BROKER_PROCESS_ROLE,
+        )
     )
 }
 #: The API process's in-flight request limit (effect_broker.api.admission).

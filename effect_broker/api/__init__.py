@@ -15,6 +15,7 @@ from typing import Any
 from ninja import NinjaAPI
 
 from effect_broker.api import effects, health, operators
+from effect_broker.api.database_unavailable import install as install_database_unavailable
 from effect_broker.api.docs_access import docs_access
 from effect_broker.api.problems import StrictJsonParser, install_handlers, problem
 from effect_broker.api.schemas import problem_media_types
@@ -44,6 +45,7 @@ api = BrokerApi(
     docs_decorator=docs_access,
 )
 install_handlers(api)
+install_database_unavailable(api)  # after install_handlers: it falls back to them
 api.add_router("", effects.router)
 api.add_router("", operators.router)
 api.add_router("", health.router)

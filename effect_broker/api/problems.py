@@ -235,7 +235,9 @@ def _too_large(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
     return domain_error(request, PayloadTooLargeError(limit=max_body_bytes()))
 
 
-def _database_error(request: HttpRequest, exc: DjangoDatabaseError) -> HttpResponse:
+def database_error(request: HttpRequest, exc: DjangoDatabaseError) -> HttpResponse:
+    """A database error: 503 ``overloaded`` when no connection was free, else 500.
+    (``effect_broker.api.database_unavailable`` answers an outage before this.)"""
     return _refused_for_capacity(request, exc) or _unexpected(request, exc)
 
 
@@ -251,5 +253,5 @@ def install_handlers(api: NinjaAPI) -> None:
     api.exception_handler(NinjaAuthenticationError)(_auth_error)
     api.exception_handler(HttpError)(_http_error)
     api.exception_handler(RequestDataTooBig)(_too_large)
-    api.exception_handler(DjangoDatabaseError)(_database_error)
+    api.exception_handler(DjangoDatabaseError)(database_error)
     api.exception_handler(Exception)(_unexpected)

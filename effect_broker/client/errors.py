@@ -289,6 +289,14 @@ class Overloaded(BrokerError):
     mirrors = domain.OverloadedError
 
 
+class DatabaseUnavailable(BrokerError):
+    """The broker's database did not answer (503 ``database_unavailable`` with
+    ``Retry-After``): nothing was recorded. The client resends it like any 5xx: with
+    the same operation key a resend reserves the effect or replays it."""
+
+    mirrors = domain.DatabaseUnavailableError
+
+
 class AdapterFailed(BrokerError):
     """The target adapter failed."""
 

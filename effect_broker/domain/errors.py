@@ -369,6 +369,19 @@ class OverloadedError(EffectBrokerError):
     http_status = 503
 
 
+class DatabaseUnavailableError(EffectBrokerError):
+    """The broker's database did not answer; nothing was recorded. Retry later.
+
+    Answered while PostgreSQL is down, restarting or failing over (connection refused
+    or reset, crash recovery, a pool that cannot open a connection). The response
+    carries ``Retry-After``; resending with the same operation key is safe: it either
+    reserves the effect or replays the one an earlier request reserved.
+    """
+
+    code = "database_unavailable"
+    http_status = 503
+
+
 # --- adapters (target truth) ----------------------------------------------------------
 
 

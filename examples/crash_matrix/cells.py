@@ -20,7 +20,7 @@ from django.db import connection
 from effect_broker import embedded_pg
 from effect_broker.domain.states import EffectStatus
 from examples.crash_matrix.plan import safety_of
-from examples.crash_matrix.rig import OPERATION_KEY, Rig
+from examples.crash_matrix.rig import OPERATION_KEY, Rig, WorkerExit
 from examples.crash_matrix.workers import wait_until
 
 RESERVATION_FAILPOINTS = ("before_reservation_commit", "after_reservation_commit")
@@ -238,11 +238,27 @@ def db_restart_cells(rig: Rig, scenarios: list[str], run: str) -> list[CellResul
             what="receipt failpoint",
         )
     connection.close()
+    assert rig.pool is not None
+    mark = rig.pool.exit_mark()
     embedded_pg.restart(rig.embedded_project_dir, stop_mode="immediate")
-    return [
+    results = [
         _finish(rig, scenario, "postgres restart", tenant, body, started, None)
         for scenario, tenant, body in cells
     ]
+    # Issue 11: the same workers must finish the work; a replaced one fails the cell.
+    if exited := rig.pool.exits_since(mark):
+        for result in results:
+            result.verdict = "FAIL"
+            result.note = replaced_note(exited)
+    return results
+
+
+def replaced_note(exited: list[WorkerExit]) -> str:
+    """The verdict note of a database-restart cell whose workers did not survive."""
+    return (
+        f"{len(exited)} worker(s) exited during the database restart and were "
+        f"replaced: {', '.join(map(str, exited))}"
+    )
 
 
 def target_down_cells(rig: Rig, scenarios: list[str], run: str) -> list[CellResult]:

@@ -53,6 +53,7 @@ from examples.crash_matrix.report import (
     render_table,
     unattributed_line,
 )
+from examples.crash_matrix.restart_cells import db_restart_under_load_cell
 from examples.crash_matrix.rig import Rig, open_rig
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ RUNNABLE = frozenset(
         plan.ZOMBIE,
         plan.TARGET_DOWN,
         plan.DB_RESTART,
+        plan.DB_RESTART_LOAD,
         plan.EDGE,
         plan.MCP_KILL,
     }
@@ -281,6 +283,10 @@ def _run_cells(
         for result in db_restart_cells(rig, kinds[plan.DB_RESTART], run_id):
             report.cell(result)
             results.append(result)
+    if kinds.get(plan.DB_RESTART_LOAD):
+        result = db_restart_under_load_cell(rig, run_id)
+        report.cell(result)
+        results.append(result)
     return results
 
 

@@ -27,6 +27,8 @@ CONCURRENT = "10 concurrent submits"
 ZOMBIE = "zombie worker"
 TARGET_DOWN = "target down"
 DB_RESTART = "postgres restart"
+#: The database SIGKILLed while submits stream in (examples/crash_matrix/restart_cells).
+DB_RESTART_LOAD = "postgres restart under load"
 #: Issue 9's edge cells (examples/crash_matrix/edge_cells.py), run one after another.
 EDGE = "edge"
 #: Kills with the mcp adapter in front of the example payments MCP server (issue 10,
@@ -85,6 +87,7 @@ def all_cells() -> list[CellId]:
     cells += [CellId(ZOMBIE, s, ZOMBIE) for s in NETWORK]
     cells += [CellId(TARGET_DOWN, s, TARGET_DOWN) for s in NETWORK]
     cells += [CellId(DB_RESTART, s, DB_RESTART) for s in SCENARIOS]
+    cells += [CellId(DB_RESTART_LOAD, "idempotent", DB_RESTART_LOAD)]
     cells += [CellId(EDGE, s, case) for s, case in EDGE_CASES]
     cells += [CellId(MCP_KILL, s, fp) for s in MCP_SCENARIOS for fp in MCP_FAILPOINTS]
     return cells

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ from django.db import connection, connections
 from psycopg import sql
 
 from config.database import url_from_settings
-from effect_broker import failpoints, store
+from effect_broker import embedded_pg, failpoints, store
 from effect_broker.domain.contracts import load_contracts
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus
@@ -55,12 +57,31 @@ OPERATION_KEY = "order:42:charge:v1"
 SETTLED = {EffectStatus.SUCCEEDED, EffectStatus.FAILED_FINAL, EffectStatus.MANUAL_REVIEW}
 
 
+@dataclass(frozen=True)
+class WorkerExit:
+    """A worker process the pool found dead (and replaced)."""
+
+    name: str
+    pid: int
+    returncode: int | None
+
+    def __str__(self) -> str:
+        return f"{self.name} (pid {self.pid}, exit code {self.returncode})"
+
+
 class WorkerPool:
-    """N worker processes; a supervisor replaces any that die (as a deployment would)."""
+    """N worker processes; a supervisor replaces any that die (as a deployment would).
+
+    Every replacement is recorded (``exits``): a kill cell expects some, while a
+    database-restart cell fails if any worker exited (issue 11: the workers must
+    outlive the database, not be replaced after it).
+    """
 
     def __init__(self, env: dict[str, str], size: int) -> None:
         self.env = env
         self.restarts = 0
+        #: Every worker found dead, in order; ``exits_since`` reads a slice.
+        self.exits: list[WorkerExit] = []
         self._serial = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -76,12 +97,34 @@ class WorkerPool:
 
     def _supervise(self) -> None:
         while not self._stop.wait(0.2):
-            with self._lock:
-                for i, worker in enumerate(self.workers):
-                    if not worker.alive():
-                        worker.close()
-                        self.workers[i] = self._spawn()
-                        self.restarts += 1
+            self._replace_dead()
+
+    def _replace_dead(self) -> None:
+        with self._lock:
+            for i, worker in enumerate(self.workers):
+                if not worker.alive():
+                    self.exits.append(
+                        WorkerExit(worker.name, worker.pid, worker.process.returncode)
+                    )
+                    worker.close()
+                    self.workers[i] = self._spawn()
+                    self.restarts += 1
+
+    def exit_mark(self) -> int:
+        """A mark to pass to ``exits_since`` later."""
+        self._replace_dead()
+        return len(self.exits)
+
+    def exits_since(self, mark: int) -> list[WorkerExit]:
+        """Workers that exited since ``mark`` (checked now, not at the next poll)."""
+        self._replace_dead()
+        with self._lock:
+            return self.exits[mark:]
+
+    def pids(self) -> list[int]:
+        """Pids of the current workers."""
+        with self._lock:
+            return [w.pid for w in self.workers]
 
     def by_pid(self, pid: int) -> WorkerProcess | None:
         """The live worker with this pid."""
@@ -142,10 +185,17 @@ class Rig:
         """Whether the armed failpoint fired."""
         return failpoints.fired(self.fp_dir, f"{tenant.id}/{OPERATION_KEY}", failpoint)
 
-    def submit(self, tenant: Tenant, scenario: str, body: dict[str, Any]) -> EffectRecord:
+    def submit(
+        self,
+        tenant: Tenant,
+        scenario: str,
+        body: dict[str, Any],
+        *,
+        operation_key: str = OPERATION_KEY,
+    ) -> EffectRecord:
         """Submit in this process (the agent's call)."""
         request = EffectRequest(
-            operation_key=OPERATION_KEY, tool=TOOLS[scenario], arguments=body
+            operation_key=operation_key, tool=TOOLS[scenario], arguments=body
         )
         return submit(tenant, request).effect
 
@@ -174,17 +224,24 @@ class Rig:
         )
         return result.returncode
 
-    def effect_of(self, tenant: Tenant) -> EffectRecord:
+    def effect_of(
+        self, tenant: Tenant, *, operation_key: str = OPERATION_KEY
+    ) -> EffectRecord:
         """The tenant's charge as the ledger has it now."""
-        return store.reads.get_effect_by_key(str(tenant.id), OPERATION_KEY)
+        return store.reads.get_effect_by_key(str(tenant.id), operation_key)
 
     def wait_settled(
-        self, tenant: Tenant, scenario: str, timeout: float = 90
+        self,
+        tenant: Tenant,
+        scenario: str,
+        timeout: float = 90,
+        *,
+        operation_key: str = OPERATION_KEY,
     ) -> EffectRecord:
         """Wait until the effect reaches a state only an operator could change."""
 
         def settled() -> EffectRecord | None:
-            record = self.effect_of(tenant)
+            record = self.effect_of(tenant, operation_key=operation_key)
             if record.status in SETTLED:
                 return record
             unsafe = safety_of(scenario) == "unsafe"
@@ -221,6 +278,20 @@ class Rig:
     def unattributed(self) -> list[Charge]:
         """Charges in the target's table that no count of this run claimed."""
         return self.claims.unattributed(self.target.charges())
+
+    def crash_database(self, down_seconds: float) -> float:
+        """SIGKILL the rig's PostgreSQL postmaster, keep it down ``down_seconds``, and
+        start it again (crash recovery, as after a power cut); return the monotonic
+        time it answered again. Needs the rig's own embedded server."""
+        assert self.embedded_project_dir is not None
+        server = embedded_pg.status(self.embedded_project_dir)
+        if server is None or server.pid is None:
+            raise RuntimeError("the rig's embedded PostgreSQL server is not running")
+        os.kill(server.pid, signal.SIGKILL)
+        time.sleep(down_seconds)
+        # Reaps the orphaned backends, then starts the server; it recovers first.
+        embedded_pg.ensure_running(self.embedded_project_dir)
+        return time.monotonic()
 
     def restart_target(self, port: int) -> None:
         """Bring the target back on the same port (its table survives in Postgres)."""

@@ -1,8 +1,9 @@
-"""Real ``procrastinate worker`` processes that tests and the crash matrix can kill.
+"""Real worker processes that tests and the crash matrix can kill.
 
-A worker is ``python -m effect_broker.cli procrastinate worker``: the same command an
-operator runs. It gets the parent's database through ``DATABASE_URL``, and optional
-failpoints through ``EFFECT_BROKER_FAILPOINTS``; at a failpoint it SIGKILLs itself.
+A worker is ``python -m effect_broker.cli worker``: the same command an operator runs,
+which keeps running through database outages (``effect_broker.workers``). It gets the
+parent's database through ``DATABASE_URL``, and optional failpoints through
+``EFFECT_BROKER_FAILPOINTS``; at a failpoint it SIGKILLs itself.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parents[2]
-QUEUES = "dispatch,reconcile,maintenance"
 
 #: Short leases and sweeps, so a killed effect converges in seconds (defaults: 30 s).
 FAST_RECOVERY = {
@@ -78,10 +78,7 @@ class WorkerProcess:
                 sys.executable,
                 "-m",
                 "effect_broker.cli",
-                "procrastinate",
                 "worker",
-                "-q",
-                QUEUES,
                 "-n",
                 name,
                 "-c",

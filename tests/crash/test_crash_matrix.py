@@ -28,9 +28,10 @@ def test_every_cell_keeps_its_safety_class_promise(matrix) -> None:
     failed = [c for c in cells if c["verdict"] == "FAIL"]
     assert failed == []
     # 4 classes x 6 failpoints, 4 concurrency cells, 3 zombies, 3 target-down,
-    # 4 restarts, 11 edge cells (tests/crash/test_edge_cells.py reads those), and
-    # 3 classes x 2 kills behind the mcp adapter (tests/crash/test_mcp_adapter_cells.py)
-    assert len(cells) == 55
+    # 4 restarts, 1 restart under load, 11 edge cells (tests/crash/test_edge_cells.py
+    # reads those), and 3 classes x 2 kills behind the mcp adapter
+    # (tests/crash/test_mcp_adapter_cells.py)
+    assert len(cells) == 56
 
 
 def test_safe_classes_leave_exactly_one_charge_in_the_target_table(matrix) -> None:
@@ -125,3 +126,15 @@ def test_random_kills_landed_while_effects_were_in_flight(matrix) -> None:
 def test_png_is_written(matrix) -> None:
     _, _, data = matrix
     assert data["png_head"] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_same_workers_outlive_every_database_restart(matrix) -> None:
+    # Issue 11: a restart cell fails when any worker process exited during it (the
+    # rig counts them), so a pass means no worker had to be replaced.
+    _, _, data = matrix
+    restarts = [c for c in data["cells"] if c["case"].startswith("postgres restart")]
+    assert len(restarts) == 5
+    assert [c for c in restarts if c["verdict"] == "FAIL"] == []
+    under_load = [c for c in restarts if c["case"] == "postgres restart under load"]
+    if under_load[0]["verdict"] == "pass":
+        assert "none replaced" in under_load[0]["note"]

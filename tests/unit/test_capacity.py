@@ -54,6 +54,10 @@ def entry(max_age: int = 0) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("args", "role"),
     [
+        (["worker"], WORKER),
+        (["worker", "--concurrency", "2"], WORKER),
+        (["reconciler"], WORKER),
+        (["dev"], CLI),
         (["procrastinate", "worker"], WORKER),
         (["procrastinate", "worker", "--concurrency", "4"], WORKER),
         (["procrastinate", "--verbose", "worker"], WORKER),

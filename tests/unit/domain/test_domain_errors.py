@@ -67,6 +67,7 @@ EXPECTED = {
     "DecryptionError": ("decryption_failed", 500),
     "EmbeddedPostgresError": ("embedded_postgres", 500),
     "OverloadedError": ("overloaded", 503),
+    "DatabaseUnavailableError": ("database_unavailable", 503),
     "AdapterError": ("adapter_error", 502),
     "RetryableAdapterError": ("adapter_retryable", 502),
     "SendRefusedError": ("send_refused", 502),
