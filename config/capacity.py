@@ -61,6 +61,10 @@ POOL_DEFAULTS = {
 }
 
 
+#: How long one psycopg_pool reconnect attempt keeps backing off (see apply_role).
+POOL_RECONNECT_SECONDS = 5.0
+
+
 @dataclass(frozen=True)
 class Admission:
     """The API process's limit on requests in flight (``effect_broker.api.admission``)."""
@@ -173,6 +177,12 @@ def apply_role(database: dict[str, Any], role: str) -> dict[str, Any]:
             "max_size": size.max_size,
             "timeout": size.timeout,
             "name": f"effect-broker-{role}",
+            # psycopg_pool retries a failed connect with a doubling, uncapped delay
+            # for up to this long (default 5 min): after a 60 s outage its next try
+            # could come a minute after the database was back, every request a 503
+            # meanwhile (issue 11). Giving up early restarts the backoff: the next
+            # request that needs a connection tries at once.
+            "reconnect_timeout": POOL_RECONNECT_SECONDS,
         }
     return entry
 

@@ -167,6 +167,9 @@ def test_the_api_gets_a_pool_with_health_checks_and_no_persistent_connections() 
             "max_size": 8,
             "timeout": 5.0,
             "name": "effect-broker-api",
+            # Issue 11: the backoff restarts after 5 s, so a request soon after an
+            # outage does not wait for a retry scheduled a minute later.
+            "reconnect_timeout": 5.0,
         },
     }
     assert result["CONN_MAX_AGE"] == 0
