@@ -9,7 +9,9 @@ every worker exited after every crash and nothing restarted them.
 ``WorkerSupervisor.run`` owns the process's life instead:
 
 * it runs a fresh ``procrastinate.worker.Worker`` over a freshly opened connector pool;
-* a stop nobody asked for is logged with procrastinate's last error; it then waits
+* when procrastinate stops the worker on its own, the worker's pool is closed at once,
+  so its shutdown does not wait out pool timeouts on a dead database;
+* a stop nobody asked for is logged with procrastinate's error; it then waits
   with capped backoff (every wait logged) until the database answers as a writable
   primary with procrastinate's tables, and runs the worker again - same process, same
   pid, so the same worker finishes the work;
@@ -146,6 +148,23 @@ class _StopReason(logging.Handler):
                 )
 
 
+class _SupervisedWorker(Worker):
+    """procrastinate's worker, telling the supervisor when it stops itself."""
+
+    def __init__(self, on_own_stop: Callable[[], None], **options: Any) -> None:
+        super().__init__(**options)
+        self._on_own_stop = on_own_stop
+        self._stop_called = False
+
+    def stop(self) -> None:
+        # The supervisor's own stop sets its flag first; any other caller is
+        # procrastinate stopping itself (Worker._monitor_side_tasks).
+        if not self._stop_called:
+            self._stop_called = True
+            self._on_own_stop()
+        super().stop()
+
+
 class WorkerSupervisor:
     """Runs ``plan``'s worker until a signal asks it to stop (see the module doc)."""
 
@@ -167,6 +186,7 @@ class WorkerSupervisor:
         self.unexpected_stops = 0
         self._stopping = asyncio.Event()
         self._worker: Worker | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     # --- signals ---------------------------------------------------------------------
 
@@ -259,7 +279,8 @@ class WorkerSupervisor:
             async with self.app.open_async():
                 if stale_worker_id is not None:
                     await self._forget_worker(stale_worker_id)
-                worker = Worker(
+                worker = _SupervisedWorker(
+                    self._abandon_connector,
                     app=self.app,
                     **{
                         **self.app.worker_defaults,
@@ -285,6 +306,24 @@ class WorkerSupervisor:
             self._worker = None
             procrastinate_logger.removeHandler(last_error)
         return worker, why
+
+    def _abandon_connector(self) -> None:
+        """procrastinate is stopping its worker on its own: the database is gone
+        (or the worker broke). Close the worker's pool now, so the shutdown's waits
+        for a connection (finishing jobs, unregistering) fail at once instead of
+        each waiting out the pool timeout - after the database is back, even, since
+        psycopg_pool serves no waiter once its reconnect attempt gave up. The jobs
+        left ``doing`` are requeued once the database is back (``_forget_worker``)."""
+        if self._stopping.is_set():
+            return
+        logger.warning(
+            "procrastinate is stopping the worker on its own: closing its connections",
+            extra={"action": "worker_abandon_connector", "worker": self.plan.name},
+        )
+        connector = self.app.connector
+        task = asyncio.get_running_loop().create_task(connector.close_async())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _forget_worker(self, worker_id: int) -> None:
         """Unregister the worker id a stopped worker left behind (best effort: the

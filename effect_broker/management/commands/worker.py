@@ -99,10 +99,11 @@ class Command(BaseCommand):
         if not name or ":" in name or not name.isprintable():
             # Lease owners are "<name>:<pid>:job<id>"; a colon would garble them.
             raise CommandError(f"--name must be printable and free of ':', got {name!r}")
+        from procrastinate import PsycopgConnector
         from procrastinate.contrib.django import app
-        from procrastinate.contrib.django.django_connector import DjangoConnector
         from procrastinate.contrib.django.utils import connector_params
 
+        from config.capacity import POOL_RECONNECT_SECONDS
         from effect_broker.workers.supervision import WorkerSupervisor, database_probe
 
         plan = WorkerPlan(
@@ -119,15 +120,16 @@ class Command(BaseCommand):
         )
         self.stdout.flush()
         app.perform_import_paths()
-        # procrastinate's Django connector cannot LISTEN; a worker needs its own pool
-        # (what ``procrastinate worker`` does too).
-        django_connector = app.connector
-        assert isinstance(django_connector, DjangoConnector)  # procrastinate's Django app
-        worker_connector = django_connector.get_worker_connector()
+        # procrastinate's Django connector cannot LISTEN; a worker needs its own pool,
+        # as DjangoConnector.get_worker_connector builds it - plus the short reconnect
+        # backoff our Django pools have (config.capacity.POOL_RECONNECT_SECONDS), so
+        # the heartbeat and fetches come back as soon as the database does.
+        params = connector_params()
+        worker_connector = PsycopgConnector(
+            kwargs=params, reconnect_timeout=POOL_RECONNECT_SECONDS
+        )
         with app.replace_connector(worker_connector) as worker_app:
-            supervisor = WorkerSupervisor(
-                worker_app, plan, probe=database_probe(connector_params())
-            )
+            supervisor = WorkerSupervisor(worker_app, plan, probe=database_probe(params))
             code = asyncio.run(supervisor.run())
         if code:
             sys.stderr.write(
