@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.db import connection
@@ -52,6 +54,23 @@ def _submit_until(rig: Rig, tenant: object, stop: threading.Event, seen: _Stream
         stop.wait(INTERVAL)
 
 
+@contextmanager
+def _agent_connects_like_a_client() -> Iterator[None]:
+    """While it runs, a new thread's connection uses the stock PostgreSQL backend.
+
+    The rig's process uses the embedded backend, which starts its server on connect:
+    the agent's first submit after the kill would bring the database straight back,
+    and the outage would never be seen. A client of a real deployment cannot do that.
+    """
+    entry = connection.settings_dict  # shared by every thread's connection
+    engine = entry["ENGINE"]
+    entry["ENGINE"] = "django.db.backends.postgresql"
+    try:
+        yield
+    finally:
+        entry["ENGINE"] = engine
+
+
 def db_restart_under_load_cell(rig: Rig, run: str) -> CellResult:
     """Crash the database while charges stream in; judge every accepted one."""
     if rig.embedded_project_dir is None or rig.pool is None:
@@ -65,15 +84,16 @@ def db_restart_under_load_cell(rig: Rig, run: str) -> CellResult:
     pids = rig.pool.pids()
     seen, stop = _Stream(), threading.Event()
     agent = threading.Thread(target=_submit_until, args=(rig, tenant, stop, seen))
-    agent.start()
-    try:
-        time.sleep(BEFORE)
-        crashed = time.monotonic()
-        back = rig.crash_database(DOWN)
-        time.sleep(AFTER)
-    finally:
-        stop.set()
-        agent.join()
+    with _agent_connects_like_a_client():
+        agent.start()
+        try:
+            time.sleep(BEFORE)
+            crashed = time.monotonic()
+            back = rig.crash_database(DOWN)
+            time.sleep(AFTER)
+        finally:
+            stop.set()
+            agent.join()
     connection.close()
     after = sum(1 for _, _, at in seen.accepted if at > back)
     effects: list[int] = []
