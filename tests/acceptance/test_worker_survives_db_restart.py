@@ -270,3 +270,43 @@ def test_max_outage_gives_up_with_exit_code_3_and_one_line(stack: Stack) -> None
         "effect-broker worker: gave up: the database did not answer for --max-outage 1s"
     )
     assert "Traceback" not in done.stderr
+
+
+def test_a_worker_waits_for_migrations_and_a_reconciler_runs_only_its_queues(
+    stack: Stack,
+) -> None:
+    # Given a database where nobody ran the migrations yet
+    bare = {**stack.env, "DATABASE_URL": stack.postgres.url("eb_not_migrated")}
+    worker = WorkerProcess("patient", bare, concurrency=1)
+    try:
+        # Then the worker says what it waits for, and keeps waiting
+        wait_until(
+            lambda: (
+                "procrastinate's tables are missing: run `effect-broker migrate`"
+                in worker.log_tail()
+            ),
+            timeout=60,
+            what="the worker to name the missing migrations",
+        )
+        assert worker.alive()
+    finally:
+        worker.stop()
+    # And a reconciler announces the reconcile and maintenance queues, never dispatch,
+    # and stops with 0 on SIGTERM
+    reconciler = subprocess.Popen(
+        [sys.executable, "-m", "effect_broker.cli", "reconciler"],
+        cwd=ROOT,
+        env=stack.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert reconciler.stdout is not None
+    first = reconciler.stdout.readline()
+    assert first.startswith("effect-broker reconciler: pid "), first
+    assert "queues reconcile, maintenance, concurrency 2" in first
+    time.sleep(1)
+    reconciler.send_signal(signal.SIGTERM)
+    rest, _ = reconciler.communicate(timeout=60)  # also closes the pipe
+    assert reconciler.returncode == 0, rest
