@@ -16,6 +16,7 @@ from effect_broker.client import (
     BrokerClient,
     BrokerError,
     BrokerUnavailable,
+    DatabaseUnavailable,
     EffectNotFound,
     InternalServerError,
     InvalidJson,
@@ -122,6 +123,24 @@ def test_a_503_with_retry_after_waits_at_least_that_long(broker, clock) -> None:
     submit(client_for(broker, clock))
     assert len(broker.requests) == 2
     assert clock.sleeps == [2.0]
+
+
+def test_database_unavailable_is_resent_after_its_retry_after_then_typed(
+    broker, clock
+) -> None:
+    # Issue 11: while the broker's database restarts, a submit is 503
+    # database_unavailable; resending it with the same key is what the caller wants.
+    unavailable = problem(
+        503, "database_unavailable", "database did not answer", reason="server_starting"
+    )
+    unavailable.headers["Retry-After"] = "2"
+    broker.script = [unavailable, httpx.Response(202, json=effect_json())]
+    submit(client_for(broker, clock))
+    assert (len(broker.requests), clock.sleeps) == (2, [2.0])
+    broker.script = [unavailable] * 3
+    with pytest.raises(DatabaseUnavailable) as error:
+        submit(client_for(broker, clock))
+    assert (error.value.status, error.value.code) == (503, "database_unavailable")
 
 
 def test_5xx_is_resent_until_the_attempts_are_spent_then_typed(broker, clock) -> None:
