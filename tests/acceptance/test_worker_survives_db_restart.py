@@ -310,3 +310,36 @@ def test_a_worker_waits_for_migrations_and_a_reconciler_runs_only_its_queues(
     reconciler.send_signal(signal.SIGTERM)
     rest, _ = reconciler.communicate(timeout=60)  # also closes the pipe
     assert reconciler.returncode == 0, rest
+
+
+def test_sigterm_lets_the_running_job_finish_then_exits_0(stack: Stack) -> None:
+    # Given a worker in the middle of a slow charge (the target answers after 1.5 s,
+    # within the attempt limit of these short leases: 3 s lease - 0.5 s margin)
+    worker = WorkerProcess("graceful", stack.env, concurrency=1)
+    try:
+        stack.target.inject("slow_after_commit", times=1, seconds=1.5)
+        key = f"graceful:{uuid.uuid4()}"
+        with httpx.Client(base_url=stack.api.url, trust_env=False) as client:
+            body = {"order": "7", "amount_minor": 700, "currency": "EUR"}
+            assert submit(client, stack.api_key, TOOLS[SCENARIO], key, body).is_success
+
+        def dispatching() -> bool:
+            with stack.ledger() as conn:
+                row = conn.execute(
+                    "SELECT status FROM effect_intents WHERE operation_key = %s", [key]
+                ).fetchone()
+            return bool(row) and row[0] == "dispatching"
+
+        wait_until(dispatching, timeout=60, what="the charge to be in flight")
+        # When it is asked to stop
+        worker.process.send_signal(signal.SIGTERM)
+        # Then it finishes that charge first, and exits 0
+        assert worker.wait(timeout=60) == 0, worker.log_tail()
+        assert "stop requested: finishing running jobs" in worker.log_tail()
+        outcome = settled(stack, [key])
+        assert outcome is not None, "the running charge was not finished"
+        status, downstream = outcome[key]
+        assert status == "succeeded"
+        assert stack.target.count_by_key(SCENARIO, downstream) == 1
+    finally:
+        worker.stop()
