@@ -109,6 +109,20 @@ class Load:
                 self.stop.wait(0.05)
 
 
+def submit_until_accepted(stack: Stack, key: str, body: dict[str, object]) -> None:
+    """Submit, resending a 503 as the SDK would (an earlier test may have restarted
+    the database; the API's pool may still be reconnecting)."""
+    deadline = time.monotonic() + 60
+    with httpx.Client(base_url=stack.api.url, trust_env=False) as client:
+        while True:
+            answer = submit(client, stack.api_key, TOOLS[SCENARIO], key, body)
+            if answer.is_success:
+                return
+            assert answer.status_code == 503, answer.text
+            assert time.monotonic() < deadline, "the API did not accept the charge"
+            time.sleep(0.5)
+
+
 def settled(stack: Stack, keys: list[str]) -> dict[str, tuple[str, str]] | None:
     """status and downstream key per operation key, once none is still moving."""
     with stack.ledger() as conn:
@@ -141,10 +155,10 @@ def test_the_same_workers_finish_the_work_after_the_database_crashes_under_load(
     pids = {w.pid for w in workers}
     load = Load(stack)
     try:
-        with httpx.Client(base_url=stack.api.url, trust_env=False) as client:
-            warm = f"warm:{uuid.uuid4()}"
-            body = {"order": "0", "amount_minor": 1, "currency": "EUR"}
-            assert submit(client, stack.api_key, TOOLS[SCENARIO], warm, body).is_success
+        warm = f"warm:{uuid.uuid4()}"
+        submit_until_accepted(
+            stack, warm, {"order": "0", "amount_minor": 1, "currency": "EUR"}
+        )
         wait_until(lambda: settled(stack, [warm]), timeout=60, what="the warm-up")
         # When the database is SIGKILLed while charges stream in, and comes back
         agent = threading.Thread(target=load.run)
@@ -232,13 +246,10 @@ def test_a_worker_started_while_the_database_is_down_waits_then_works(
         assert worker.alive(), worker.log_tail()
         stack.postgres.start()
         # Then it runs the work
-        with httpx.Client(base_url=stack.api.url, trust_env=False) as client:
-            key = f"early:{uuid.uuid4()}"
-            body = {"order": "1", "amount_minor": 5, "currency": "EUR"}
-            tool, deadline = TOOLS[SCENARIO], time.monotonic() + 60
-            while not submit(client, stack.api_key, tool, key, body).is_success:
-                assert time.monotonic() < deadline, "the API did not recover"
-                time.sleep(0.5)
+        key = f"early:{uuid.uuid4()}"
+        submit_until_accepted(
+            stack, key, {"order": "1", "amount_minor": 5, "currency": "EUR"}
+        )
         outcome = wait_until(lambda: settled(stack, [key]), timeout=60, what="the charge")
         assert outcome[key][0] == "succeeded"
         assert worker_pids_in_attempts(stack, [key]) == {worker.pid}
@@ -319,9 +330,9 @@ def test_sigterm_lets_the_running_job_finish_then_exits_0(stack: Stack) -> None:
     try:
         stack.target.inject("slow_after_commit", times=1, seconds=1.5)
         key = f"graceful:{uuid.uuid4()}"
-        with httpx.Client(base_url=stack.api.url, trust_env=False) as client:
-            body = {"order": "7", "amount_minor": 700, "currency": "EUR"}
-            assert submit(client, stack.api_key, TOOLS[SCENARIO], key, body).is_success
+        submit_until_accepted(
+            stack, key, {"order": "7", "amount_minor": 700, "currency": "EUR"}
+        )
 
         def dispatching() -> bool:
             with stack.ledger() as conn:
