@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 
 from effect_broker.workers.supervision import (
     BROKER_QUEUES,
@@ -34,6 +34,15 @@ def _seconds(raw: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {raw!r}")
     return value
+
+
+def _worker_name(raw: str) -> str:
+    # Lease owners are "<name>:<pid>:job<id>"; a colon would garble them.
+    if not raw or ":" in raw or not raw.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"must be printable and free of ':', got {raw!r}"
+        )
+    return raw
 
 
 def database_label() -> str:
@@ -73,6 +82,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "-n",
             "--name",
+            type=_worker_name,
             default=self.default_name,
             help="worker name, shown in logs and in each effect's lease owner "
             "(default %(default)s)",
@@ -96,9 +106,6 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         name = options["name"]
-        if not name or ":" in name or not name.isprintable():
-            # Lease owners are "<name>:<pid>:job<id>"; a colon would garble them.
-            raise CommandError(f"--name must be printable and free of ':', got {name!r}")
         from procrastinate import PsycopgConnector
         from procrastinate.contrib.django import app
         from procrastinate.contrib.django.utils import connector_params
