@@ -51,30 +51,29 @@ def connection_lifetime() -> dict[str, Any]:
     return {"CONN_MAX_AGE": seconds, "CONN_HEALTH_CHECKS": seconds > 0}
 
 
-#: libpq options every connection carries unless DATABASE_URL sets them (issue 11).
-#: connect_timeout bounds a connect to a database that does not answer (a failover's
-#: dead address drops SYNs: without it a connect waits for the kernel, ~2 min).
-#: TCP keepalives probe an idle connection: a peer gone without a FIN (host crash,
-#: failover, a NAT that forgot the flow) is declared dead after idle + interval x
-#: count = 60 s instead of the kernel's two hours (procrastinate #1596: a worker
-#: waited forever on such a connection). tcp_user_timeout covers the other half:
-#: data sent and never acknowledged fails after as long, not ~15 min of resends.
-#: Each is an EFFECT_BROKER_DB_<NAME> variable; unix-socket connections ignore them.
-CONNECTION_SAFETY_DEFAULTS = {
-    "connect_timeout": 10,
-    "keepalives": 1,
-    "keepalives_idle": 30,
-    "keepalives_interval": 10,
-    "keepalives_count": 3,
-    "tcp_user_timeout": 60_000,  # milliseconds
+#: libpq options every connection carries unless DATABASE_URL sets them (issue 11),
+#: each with the variable that overrides it. connect_timeout bounds a connect to a
+#: database that does not answer (a failover's dead address drops SYNs: without it a
+#: connect waits for the kernel, ~2 min). TCP keepalives probe an idle connection: a
+#: peer gone without a FIN (host crash, failover, a NAT that forgot the flow) is
+#: declared dead after idle + interval x count = 60 s instead of the kernel's two
+#: hours (procrastinate #1596: a worker waited forever on such a connection).
+#: tcp_user_timeout covers the other half: data sent and never acknowledged fails
+#: after as long, not ~15 min of resends. Unix-socket connections ignore them.
+CONNECTION_SAFETY = {
+    "connect_timeout": ("EFFECT_BROKER_DB_CONNECT_TIMEOUT", 10),
+    "keepalives": ("EFFECT_BROKER_DB_KEEPALIVES", 1),
+    "keepalives_idle": ("EFFECT_BROKER_DB_KEEPALIVES_IDLE", 30),
+    "keepalives_interval": ("EFFECT_BROKER_DB_KEEPALIVES_INTERVAL", 10),
+    "keepalives_count": ("EFFECT_BROKER_DB_KEEPALIVES_COUNT", 3),
+    "tcp_user_timeout": ("EFFECT_BROKER_DB_TCP_USER_TIMEOUT", 60_000),  # milliseconds
 }
 
 
 def connection_safety_options() -> dict[str, int]:
-    """``CONNECTION_SAFETY_DEFAULTS`` with ``EFFECT_BROKER_DB_*`` overrides applied."""
+    """The ``CONNECTION_SAFETY`` defaults with their variables' overrides applied."""
     options = {}
-    for name, default in CONNECTION_SAFETY_DEFAULTS.items():
-        variable = f"EFFECT_BROKER_DB_{name.upper()}"
+    for name, (variable, default) in CONNECTION_SAFETY.items():
         raw = os.environ.get(variable, "").strip()
         if not raw:
             options[name] = default

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db.backends.postgresql.base import DatabaseWrapper as PostgresWrapper
 
 from config.database import (
-    CONNECTION_SAFETY_DEFAULTS,
+    CONNECTION_SAFETY,
     connection_safety_options,
     database_from_url,
     with_connection_safety,
@@ -27,7 +27,8 @@ SAFETY = {
 
 
 def test_the_defaults_declare_a_dead_peer_within_a_minute() -> None:
-    assert connection_safety_options() == SAFETY == CONNECTION_SAFETY_DEFAULTS
+    assert connection_safety_options() == SAFETY
+    assert {k: v[1] for k, v in CONNECTION_SAFETY.items()} == SAFETY
     idle, interval, count = 30, 10, 3
     assert idle + interval * count == SAFETY["tcp_user_timeout"] / 1000
 

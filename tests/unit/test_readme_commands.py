@@ -14,9 +14,6 @@ from django.core.management import get_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 _COMMAND = re.compile(r"(?:^|[\s(;&|])effect-broker\s+([a-z][a-z_-]*)")
-#: Named in the README, delivered on another branch of issue 11 (the resilience
-#: work adds ``effect-broker worker``). Remove it here once that branch is merged.
-PENDING = {"worker"}
 
 
 def readme_commands() -> set[str]:
@@ -26,7 +23,7 @@ def readme_commands() -> set[str]:
 
 
 def test_every_command_in_the_readme_exists() -> None:
-    missing = sorted(readme_commands() - set(get_commands()) - PENDING)
+    missing = sorted(readme_commands() - set(get_commands()))
     assert missing == []
 
 

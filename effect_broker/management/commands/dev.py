@@ -31,8 +31,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from config.database import url_from_settings
 from effect_broker import embedded_pg
+from effect_broker.store.database_url import url_from_settings
 from effect_broker.workers.process_group import ProcessGroup
 
 TENANT = "dev"
