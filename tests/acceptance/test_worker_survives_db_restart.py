@@ -314,9 +314,12 @@ def test_a_worker_waits_for_migrations_and_a_reconciler_runs_only_its_queues(
         text=True,
     )
     assert reconciler.stdout is not None
-    first = reconciler.stdout.readline()
-    assert first.startswith("effect-broker reconciler: pid "), first
-    assert "queues reconcile, maintenance, concurrency 2" in first
+    seen = []
+    for line in reconciler.stdout:  # log lines (procrastinate's) may come first
+        seen.append(line)
+        if line.startswith("effect-broker reconciler: pid "):
+            break
+    assert "queues reconcile, maintenance, concurrency 2" in seen[-1], seen
     time.sleep(1)
     reconciler.send_signal(signal.SIGTERM)
     rest, _ = reconciler.communicate(timeout=60)  # also closes the pipe
@@ -324,11 +327,12 @@ def test_a_worker_waits_for_migrations_and_a_reconciler_runs_only_its_queues(
 
 
 def test_sigterm_lets_the_running_job_finish_then_exits_0(stack: Stack) -> None:
-    # Given a worker in the middle of a slow charge (the target answers after 1.5 s,
-    # within the attempt limit of these short leases: 3 s lease - 0.5 s margin)
-    worker = WorkerProcess("graceful", stack.env, concurrency=1)
+    # Given a worker in the middle of a slow charge (the target answers after 2 s; a
+    # 10 s lease, so a loaded machine cannot push the attempt past its time limit)
+    lease = {"EFFECT_BROKER_LEASE_SECONDS": "10", "EFFECT_BROKER_HEARTBEAT_SECONDS": "3"}
+    worker = WorkerProcess("graceful", {**stack.env, **lease}, concurrency=1)
     try:
-        stack.target.inject("slow_after_commit", times=1, seconds=1.5)
+        stack.target.inject("slow_after_commit", times=1, seconds=2.0)
         key = f"graceful:{uuid.uuid4()}"
         submit_until_accepted(
             stack, key, {"order": "7", "amount_minor": 700, "currency": "EUR"}
@@ -346,7 +350,9 @@ def test_sigterm_lets_the_running_job_finish_then_exits_0(stack: Stack) -> None:
         worker.process.send_signal(signal.SIGTERM)
         # Then it finishes that charge first, and exits 0
         assert worker.wait(timeout=60) == 0, worker.log_tail()
-        assert "stop requested: finishing running jobs" in worker.log_tail()
+        log = worker.log_path.read_text(errors="replace")
+        assert "stop requested: finishing running jobs" in log
+        assert "Waiting for job to finish" in log  # procrastinate: it was in flight
         outcome = settled(stack, [key])
         assert outcome is not None, "the running charge was not finished"
         status, downstream = outcome[key]
