@@ -22,6 +22,13 @@ from effect_broker.observability import settings_values as observability
 from effect_broker.observability.database import with_query_metrics
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+#: Where a process keeps what it generates (the development master key, collected
+#: static files): the checkout itself; for an installed package, whose BASE_DIR lies
+#: in site-packages, EFFECT_BROKER_STATE_DIR or the current directory.
+STATE_DIR = Path(
+    os.environ.get("EFFECT_BROKER_STATE_DIR", "").strip()
+    or (BASE_DIR if (BASE_DIR / "pyproject.toml").exists() else Path.cwd())
+)
 
 EFFECT_BROKER_ENV = os.environ.get("EFFECT_BROKER_ENV", "development").strip().lower()
 PRODUCTION = EFFECT_BROKER_ENV == "production"
@@ -42,7 +49,7 @@ ALLOWED_HOSTS = [
 #: The master keyring (domain/master_keys.py): the last key encrypts new payloads,
 #: each key decrypts what it wrote; the file it came from, when it can be rotated.
 EFFECT_BROKER_MASTER_KEYS, EFFECT_BROKER_MASTER_KEY_PATH = load_master_keys(
-    BASE_DIR, production=PRODUCTION
+    STATE_DIR, production=PRODUCTION
 )
 #: The hashing root (the keyring's first key): request-hash and per-tenant HMAC keys
 #: are derived from it.
@@ -220,7 +227,7 @@ STATIC_URL = "static/"
 #: Where ``manage.py collectstatic`` gathers the static files WhiteNoise serves in
 #: production (README "Run it"); development serves them from the apps (finders).
 STATIC_ROOT = Path(
-    os.environ.get("EFFECT_BROKER_STATIC_ROOT", "") or BASE_DIR / "staticfiles"
+    os.environ.get("EFFECT_BROKER_STATIC_ROOT", "") or STATE_DIR / "staticfiles"
 )
 WHITENOISE_USE_FINDERS = DEBUG
 # collectstatic also writes a gzip copy of each file, which WhiteNoise sends to clients

@@ -10,11 +10,35 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+#: Where an installed wheel keeps the Django project (config/) and the runnable
+#: examples (pyproject.toml: they are not top-level packages in site-packages).
+PROJECT_DIR = Path(__file__).resolve().parent / "_project"
+
+
+def use_bundled_project() -> None:
+    """Make ``config`` and ``examples`` importable in this process and its children.
+
+    Only the console script does this, in its own process: an installed wheel must
+    not put packages with such common names on every interpreter's path. A checkout
+    (editable install) has no ``_project`` and imports them from the checkout.
+    """
+    if not PROJECT_DIR.is_dir():
+        return
+    path = str(PROJECT_DIR)
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    inherited = os.environ.get("PYTHONPATH", "")
+    if path not in inherited.split(os.pathsep):
+        # Children (workers, the target service, uvicorn) import them by name too.
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (path, inherited) if p)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a management command; return the process exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    use_bundled_project()
     from config.capacity import ROLE_ENV, role_for_command
 
     # Before settings load: a worker gets the workers' connection pool, any other

@@ -86,7 +86,9 @@ def check_management_command(args: list[str]) -> None:
     assert args, "effect-broker with no subcommand"
     if args[0] in {"--help", "-h", "help"}:
         return
-    name, rest = args[0], args[1:]
+    name = args[0]
+    # --help exits from argparse; what matters is that the command path before it exists.
+    rest = [arg for arg in args[1:] if arg not in {"--help", "-h"}]
     commands = get_commands()
     assert name in commands, f"effect-broker has no command {name!r}"
     command = load_command_class(commands[name], name)

@@ -82,8 +82,25 @@ class Command(BaseCommand):
             help="keep the scratch database afterwards and print its URL",
         )
 
+        target = sub.add_parser(
+            "target",
+            help="serve the demo payment target (its own charges table; the crash "
+            "matrix's target) until SIGTERM or Ctrl-C",
+        )
+        target.add_argument(
+            "--database-url",
+            help="where the target keeps its charges (default: the broker's database)",
+        )
+        target.add_argument("--host", default="127.0.0.1", help="(127.0.0.1)")
+        target.add_argument("--port", type=int, default=8081, help="(8081)")
+        target.add_argument(
+            "--schema", default="crash_target", help="its schema (crash_target)"
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["demo"] == "agent":
+        if options["demo"] == "target":
+            self._target(options)
+        elif options["demo"] == "agent":
             self._agent(options)
         elif options["demo"] == "reservation":
             self._reservation()
@@ -91,6 +108,19 @@ class Command(BaseCommand):
             code = run_crash_matrix(self.stdout, options)
             if code:
                 raise SystemExit(code)
+
+    def _target(self, options: dict[str, Any]) -> None:
+        from django.db import connection
+
+        from effect_broker.store.database_url import url_from_settings
+        from examples.crash_matrix import target_service
+
+        url = options["database_url"] or url_from_settings(connection.settings_dict)
+        argv = ["--database-url", url, "--host", options["host"]]
+        argv += ["--port", str(options["port"]), "--schema", options["schema"]]
+        code = target_service.main(argv)
+        if code:
+            raise SystemExit(code)
 
     def _agent(self, options: dict[str, Any]) -> None:
         if not 1 <= options["deliveries"] <= 10:

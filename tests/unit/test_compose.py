@@ -1,0 +1,104 @@
+"""docker-compose.yml describes a stack that would work (issue 11, item 8).
+
+No Docker engine runs where this project is developed or tested, so nothing here
+starts a container; what can be checked without one is checked: the services exist,
+the API and workers wait for a migration that must succeed, each long-running service
+has a health check of its own that probes its own port, a restart policy that never
+mistakes an exit for success, the database keeps its data in a volume, and every
+command a service runs exists in this project, with the options it passes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from effect_broker.domain.contracts import load_contracts
+from tests.unit.command_lines import check_command
+
+ROOT = Path(__file__).resolve().parents[2]
+LONG_RUNNING = ("api", "worker", "reconciler", "target")
+
+
+def compose() -> dict[str, Any]:
+    loaded = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def services() -> dict[str, Any]:
+    return compose()["services"]
+
+
+def test_the_stack_has_every_service_a_working_system_needs() -> None:
+    assert set(services()) >= {"postgres", "migrate", *LONG_RUNNING}
+
+
+def test_postgres_keeps_its_data_in_a_named_volume() -> None:
+    volumes = services()["postgres"]["volumes"]
+    assert any(v.endswith(":/var/lib/postgresql/data") for v in volumes)
+    named = volumes[0].split(":")[0]
+    assert named in compose()["volumes"]
+
+
+@pytest.mark.parametrize("name", ["api", "worker", "reconciler"])
+def test_the_broker_waits_for_a_migration_that_succeeded(name: str) -> None:
+    depends = services()[name]["depends_on"]
+    assert depends["migrate"]["condition"] == "service_completed_successfully"
+    assert services()["migrate"]["depends_on"]["postgres"]["condition"] == (
+        "service_healthy"
+    )
+    assert services()["migrate"]["restart"] == "no"
+
+
+@pytest.mark.parametrize("name", LONG_RUNNING)
+def test_each_service_checks_its_own_health_on_its_own_port(name: str) -> None:
+    check = " ".join(services()[name]["healthcheck"]["test"])
+    own_ports = {
+        "api": "8000/healthz",
+        "worker": "9101/metrics",
+        "reconciler": "9102/metrics",
+        "target": "8081/stats",
+    }
+    assert own_ports[name] in check
+    # The worker must not inherit the API's check (issue 11: it probed port 8000).
+    others = {p for n, p in own_ports.items() if n != name}
+    assert not any(port in check for port in others)
+
+
+@pytest.mark.parametrize("name", LONG_RUNNING)
+def test_an_exit_is_restarted_never_taken_for_success(name: str) -> None:
+    assert services()[name]["restart"] == "unless-stopped"
+
+
+@pytest.mark.parametrize("name", ["worker", "reconciler"])
+def test_a_worker_serves_the_metrics_port_its_health_check_probes(name: str) -> None:
+    env = services()[name]["environment"]
+    port = env["EFFECT_BROKER_WORKER_METRICS_PORT"]
+    assert port in " ".join(services()[name]["healthcheck"]["test"])
+    assert env["EFFECT_BROKER_WORKER_METRICS_ADDR"] == "0.0.0.0"  # noqa: S104
+
+
+@pytest.mark.parametrize("name", [*LONG_RUNNING, "migrate"])
+def test_every_command_a_service_runs_exists(name: str) -> None:
+    check_command(list(services()[name]["command"]))
+
+
+def test_the_mounted_contracts_load_and_point_at_the_target_service() -> None:
+    registry = load_contracts(ROOT / "examples" / "compose" / "contracts.toml")
+    urls = [c.adapter_options["url"] for c in registry]
+    assert urls
+    assert all(url.startswith("http://target:8081/") for url in urls)
+
+
+def test_the_image_runs_as_a_non_root_user_in_stages() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert dockerfile.count("FROM ") >= 2
+    users = [
+        line.split()[1] for line in dockerfile.splitlines() if line.startswith("USER ")
+    ]
+    assert users
+    assert users[-1] not in {"root", "0"}
