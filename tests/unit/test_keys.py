@@ -25,8 +25,6 @@ Runtime tests run the real runtime where it installs (``pip install
 from __future__ import annotations
 
 import dataclasses
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -185,46 +183,8 @@ def test_celery_key_is_the_same_across_retry() -> None:
     assert seen[-1][1] != "celery:task-1"
 
 
-# --- DBOS -------------------------------------------------------------------------------
-
-
-def test_dbos_key_is_the_same_across_step_retries_and_workflow_reruns() -> None:
-    dbos = pytest.importorskip("dbos")
-    with tempfile.TemporaryDirectory() as folder:
-        db = Path(folder) / "dbos.sqlite"
-        dbos.DBOS(config={"name": "keys-test", "system_database_url": f"sqlite:///{db}"})
-        seen: list[str] = []
-        failures = {"left": 2}
-
-        @dbos.DBOS.step(retries_allowed=True, max_attempts=3, interval_seconds=0.01)
-        def charge(order: str) -> str:
-            seen.append(dbos_key(dbos.DBOS.workflow_id, dbos.DBOS.step_id))
-            if failures["left"]:
-                failures["left"] -= 1
-                raise ConnectionError("answer lost")
-            return "charged"
-
-        @dbos.DBOS.step()
-        def email(order: str) -> str:
-            seen.append(dbos_key(dbos.DBOS.workflow_id, dbos.DBOS.step_id))
-            return "sent"
-
-        @dbos.DBOS.workflow()
-        def checkout(order: str) -> str:
-            return charge(order) + email(order)
-
-        dbos.DBOS.launch()
-        try:
-            for _ in range(2):  # the second run of the same workflow id replays
-                with dbos.SetWorkflowID("checkout-42"):
-                    assert checkout("42") == "chargedsent"
-        finally:
-            dbos.DBOS.destroy(destroy_registry=True)
-    charge_key, email_key = seen[0], seen[-1]
-    # Three attempts of the step, one key; the next step has its own; nothing re-ran.
-    assert seen == [charge_key] * 3 + [email_key]
-    assert charge_key.startswith("dbos:checkout-42:")
-    assert charge_key != email_key
+# --- DBOS: tests/integration/test_key_helpers_dbos.py (its system database is a
+# real PostgreSQL; DBOS's SQLite store fails on Python 3.13) ----------------------------
 
 
 # --- LangGraph --------------------------------------------------------------------------
