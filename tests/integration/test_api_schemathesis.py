@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -120,7 +120,11 @@ def ledger(mcp_world: World) -> Iterator[tuple[Ledger, str]]:
     make_operator("schemathesis-operator")
     _, token = create_token("schemathesis-operator")
     tools = ["charge_idempotent", "charge_unsafe", "refund_card"]
-    with api_server(mcp_world) as base:
+    # No worker runs here, so readiness would rightly answer 503 "no live worker":
+    # its worker check is off for this server (tests/integration/test_readiness.py
+    # covers it); every other 5xx still fails the run.
+    ready = {**mcp_world.env, "EFFECT_BROKER_READY_WORKER_SECONDS": "0"}
+    with api_server(replace(mcp_world, env=ready)) as base:
         yield Ledger(mcp_world.api_key, token, ids, tools), base
 
 
