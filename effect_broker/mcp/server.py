@@ -122,6 +122,16 @@ def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Serve
             return await _in_thread(_outcome, tenant, record)
         except EffectBrokerError as exc:
             return _domain_error(exc)
+        except Exception:
+            # Never a traceback or an internal message to an agent (a database error's
+            # text can name tables and values); the log keeps the detail.
+            logger.exception("mcp tool call failed", extra={"tool": params.name})
+            return _error(
+                "internal_error",
+                "internal error in the broker; this answer says nothing about the "
+                "call's outcome: call again with the same operation_key (a resend is a "
+                "replay), never under another key",
+            )
 
     return Server(
         "effect-broker",
