@@ -14,6 +14,9 @@ request does not wait for a connection.
 ``/healthz`` is not limited: it touches no database and answers "is the process
 alive"; failing it because the process is busy would get a healthy, loaded process
 restarted. ``/readyz`` is limited, since it needs a connection like any request.
+Static files (``/static/``, the admin's CSS and the docs' assets served by WhiteNoise)
+touch no database either: a page's dozen asset requests must not take the request
+slots its API calls need.
 
 The middleware also answers the ASGI lifespan protocol, which Django does not speak,
 and closes the database pool at shutdown so PostgreSQL sees clean disconnects.
@@ -47,6 +50,7 @@ ASGIApp = Callable[..., Awaitable[None]]
 
 #: Paths outside the limit (see the module docstring).
 UNLIMITED_PATHS = frozenset({"/healthz"})
+UNLIMITED_PREFIXES = ("/static/",)
 
 
 class InFlightLimit:
@@ -88,7 +92,12 @@ class InFlightLimit:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        if scope["type"] != "http" or scope.get("path") in UNLIMITED_PATHS:
+        path = scope.get("path") or ""
+        if (
+            scope["type"] != "http"
+            or path in UNLIMITED_PATHS
+            or path.startswith(UNLIMITED_PREFIXES)
+        ):
             await self.app(scope, receive, send)
             return
         if not await self._acquire():

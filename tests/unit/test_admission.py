@@ -199,20 +199,22 @@ def test_a_failing_request_frees_its_slot() -> None:
     run(scenario)
 
 
-def test_healthz_and_websockets_are_not_limited() -> None:
+def test_healthz_static_files_and_websockets_are_not_limited() -> None:
     async def scenario() -> None:
         app = FakeApp()
         limit = InFlightLimit(app, max_in_flight=1, max_queued=0, queue_timeout=0)
         _, busy = request(limit)
         health, health_task = request(limit, "/healthz")
+        css, css_task = request(limit, "/static/admin/css/base.css")
         ready, ready_task = request(limit, "/readyz")
         await ready_task
         assert_overloaded(ready)  # readiness needs a connection like any request
         await settle()
-        assert app.started == ["/v1/effects", "/healthz"]
+        assert app.started == ["/v1/effects", "/healthz", "/static/admin/css/base.css"]
         app.release.set()
-        await asyncio.gather(busy, health_task)
+        await asyncio.gather(busy, health_task, css_task)
         assert health.status == 200
+        assert css.status == 200
 
     run(scenario)
 
