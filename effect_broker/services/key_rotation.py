@@ -99,56 +99,72 @@ def reencrypt(
     return done
 
 
+@dataclass(frozen=True)
+class _Sealed:
+    """One kind of stored ciphertext: its table, the trigger that guards it, the query
+    that finds rows not under the current key (with what their AAD needs), and the
+    AAD itself."""
+
+    table: str
+    trigger: str
+    blob: str
+    key_id: str
+    select: str
+    aad: Callable[[str, str], bytes]
+
+
+_ARGUMENTS = _Sealed(
+    table="effect_intents",
+    trigger="effect_intents_fence",
+    blob="arguments_ciphertext",
+    key_id="arguments_key_id",
+    select=(
+        "SELECT id, tenant_id, operation_key, arguments_ciphertext, arguments_key_id"
+        " FROM effect_intents WHERE arguments_key_id <> %s ORDER BY id LIMIT %s"
+    ),
+    aad=arguments_aad,
+)
+_RESULTS = _Sealed(
+    table="effect_receipts",
+    trigger="effect_receipts_append_only",
+    blob="result_ciphertext",
+    key_id="result_key_id",
+    select=(
+        "SELECT r.id, i.tenant_id, i.operation_key, r.result_ciphertext,"
+        " r.result_key_id FROM effect_receipts r"
+        " JOIN effect_intents i ON i.id = r.effect_id"
+        " WHERE r.result_key_id <> %s ORDER BY r.id LIMIT %s"
+    ),
+    aad=result_aad,
+)
+
+
 def _intent_batch(rt: Runtime, current: str, batch: int) -> int:
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
-        cur.execute("ALTER TABLE effect_intents DISABLE TRIGGER effect_intents_fence")
-        cur.execute(
-            "SELECT id, tenant_id, operation_key, arguments_ciphertext, arguments_key_id"
-            " FROM effect_intents WHERE arguments_key_id <> %s ORDER BY id LIMIT %s",
-            [current, batch],
-        )
-        rows = cur.fetchall()
-        for effect_id, tenant_id, operation_key, blob, key_id in rows:
-            aad = arguments_aad(str(tenant_id), operation_key)
-            plain = decrypt(rt.keyring, key_id, blob, aad=aad)
-            new_id, new_blob = encrypt(rt.keyring, plain, aad=aad)
-            cur.execute(
-                "UPDATE effect_intents SET arguments_ciphertext = %s,"
-                " arguments_key_id = %s WHERE id = %s AND arguments_key_id = %s",
-                [new_blob, new_id, effect_id, key_id],
-            )
-        # The UPDATEs queued the commit-time fence check (0006); run it now, since
-        # ALTER TABLE refuses a table with checks pending.
-        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
-        cur.execute("ALTER TABLE effect_intents ENABLE TRIGGER effect_intents_fence")
-    return len(rows)
+    return _batch(rt, _ARGUMENTS, current, batch)
 
 
 def _receipt_batch(rt: Runtime, current: str, batch: int) -> int:
+    return _batch(rt, _RESULTS, current, batch)
+
+
+def _batch(rt: Runtime, sealed: _Sealed, current: str, batch: int) -> int:
+    """Re-encrypt up to ``batch`` rows of one table in one transaction."""
     with transaction.atomic(), connection.cursor() as cur:
+        # ALTER TABLE refuses a table with commit-time checks pending (0006): run
+        # them now, before disabling and again before enabling the guard.
         cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
-        cur.execute(
-            "ALTER TABLE effect_receipts DISABLE TRIGGER effect_receipts_append_only"
-        )
-        cur.execute(
-            "SELECT r.id, i.tenant_id, i.operation_key, r.result_ciphertext,"
-            " r.result_key_id FROM effect_receipts r"
-            " JOIN effect_intents i ON i.id = r.effect_id"
-            " WHERE r.result_key_id <> %s ORDER BY r.id LIMIT %s",
-            [current, batch],
-        )
+        cur.execute(f"ALTER TABLE {sealed.table} DISABLE TRIGGER {sealed.trigger}")
+        cur.execute(sealed.select, [current, batch])
         rows = cur.fetchall()
-        for receipt_id, tenant_id, operation_key, blob, key_id in rows:
-            aad = result_aad(str(tenant_id), operation_key)
+        for row_id, tenant_id, operation_key, blob, key_id in rows:
+            aad = sealed.aad(str(tenant_id), operation_key)
             plain = decrypt(rt.keyring, key_id, blob, aad=aad)
             new_id, new_blob = encrypt(rt.keyring, plain, aad=aad)
             cur.execute(
-                "UPDATE effect_receipts SET result_ciphertext = %s, result_key_id = %s"
-                " WHERE id = %s AND result_key_id = %s",
-                [new_blob, new_id, receipt_id, key_id],
+                f"UPDATE {sealed.table} SET {sealed.blob} = %s, {sealed.key_id} = %s"
+                f" WHERE id = %s AND {sealed.key_id} = %s",
+                [new_blob, new_id, row_id, key_id],
             )
-        cur.execute(
-            "ALTER TABLE effect_receipts ENABLE TRIGGER effect_receipts_append_only"
-        )
+        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        cur.execute(f"ALTER TABLE {sealed.table} ENABLE TRIGGER {sealed.trigger}")
     return len(rows)

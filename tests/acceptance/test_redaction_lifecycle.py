@@ -27,8 +27,6 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from mcp import ClientSession
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from config.database import url_from_settings
@@ -36,11 +34,11 @@ from effect_broker.adapters.simulated_adapter import Fault
 from effect_broker.domain.states import EffectStatus
 from effect_broker.embedded_pg import _find_install
 from effect_broker.models import EffectEvent
-from effect_broker.observability import tracing
 from effect_broker.services import operators, runtime
 from effect_broker.services.dispatch import dispatch
 from tests.integration.conftest import make_operator
 from tests.integration.mcp_support import open_world, run_session
+from tests.span_recording import recording_spans
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -67,15 +65,8 @@ properties.amount_minor.type = "integer"
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.use_tracer_provider(provider)
-    try:
+    with recording_spans() as exporter:
         yield exporter
-    finally:
-        tracing.use_tracer_provider(None)
-        provider.shutdown()
 
 
 def pg_dump() -> str:

@@ -14,8 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 from django.test import Client
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
@@ -30,6 +29,7 @@ from effect_broker.services.dispatch import dispatch
 from effect_broker.services.reconcile import reconcile
 from effect_broker.services.tenants import create_tenant
 from tests.integration.engine.harness import TOOLS, Bench, engine_bench
+from tests.span_recording import recording_spans
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,15 +41,8 @@ SECRET_NOTE = "card-holder Ada Lovelace"
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.use_tracer_provider(provider)
-    try:
+    with recording_spans() as exporter:
         yield exporter
-    finally:
-        tracing.use_tracer_provider(None)
-        provider.shutdown()
 
 
 @pytest.fixture
