@@ -19,19 +19,14 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection
 
-from config.database import url_from_settings
 from effect_broker import store
-from effect_broker.domain.contracts import load_contracts
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus
 from effect_broker.models import Tenant
-from effect_broker.services import runtime
 from effect_broker.services.submission import submit
-from effect_broker.services.tenants import create_tenant
-from examples.crash_matrix.contracts import TOOLS, write_contracts
-from examples.crash_matrix.target_client import TargetProcess, start_target
+from examples.crash_matrix.contracts import TOOLS
+from examples.crash_matrix.target_client import TargetProcess
 from examples.crash_matrix.workers import (
     FAST_RECOVERY,
     ROOT,
@@ -39,7 +34,7 @@ from examples.crash_matrix.workers import (
     broker_env,
     wait_until,
 )
-from tests.job_tables import forget_old_jobs
+from tests.acceptance.target_world import target_world
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -88,20 +83,8 @@ class World:
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
-    connection.ensure_connection()
-    forget_old_jobs()
-    url = url_from_settings(connection.settings_dict)
-    target = start_target(url, settlement_delay="500ms", schema="doctor_target")
-    target.reset()
-    contracts = write_contracts(tmp_path / "contracts.toml", target.url, timeout="15s")
-    runtime.reset()
-    try:
-        with runtime.override(registry=load_contracts(contracts)):
-            tenant = create_tenant(f"doctor-{uuid.uuid4().hex[:6]}")[0]
-            yield World(target, contracts, url, tenant)
-    finally:
-        runtime.reset()
-        target.stop()
+    with target_world(tmp_path, schema="doctor_target", tenant_prefix="doctor") as parts:
+        yield World(*parts)
 
 
 def status_of(record: EffectRecord) -> EffectStatus:
