@@ -88,11 +88,11 @@ def reencrypt(
     rt = runtime or get_runtime()
     current = rt.keyring.active_key_id
     done = Reencrypted()
-    while moved := _intent_batch(rt, current, batch):
+    while moved := _batch(rt, _ARGUMENTS, current, batch):
         done.arguments += moved
         if progress:
             progress(done)
-    while moved := _receipt_batch(rt, current, batch):
+    while moved := _batch(rt, _RESULTS, current, batch):
         done.results += moved
         if progress:
             progress(done)
@@ -137,14 +137,6 @@ _RESULTS = _Sealed(
     ),
     aad=result_aad,
 )
-
-
-def _intent_batch(rt: Runtime, current: str, batch: int) -> int:
-    return _batch(rt, _ARGUMENTS, current, batch)
-
-
-def _receipt_batch(rt: Runtime, current: str, batch: int) -> int:
-    return _batch(rt, _RESULTS, current, batch)
 
 
 def _batch(rt: Runtime, sealed: _Sealed, current: str, batch: int) -> int:

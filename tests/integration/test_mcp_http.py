@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +23,7 @@ from effect_broker.domain.records import EffectRequest
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import create_tenant
 from tests.integration.mcp_support import MANAGEMENT, ROOT, World
+from tests.served import served
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -55,26 +55,8 @@ def server(mcp_world: World) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, "the MCP HTTP server exited"
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the MCP HTTP server did not start"
-            time.sleep(0.2)
+    with served(process, f"http://127.0.0.1:{port}", "the MCP HTTP server") as base:
         yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
 
 
 def _session_calls(base: str, api_key: str, effect_ids: list[str]) -> list[Any]:

@@ -43,6 +43,7 @@ from tests.integration.mcp_support import (
     in_thread,
     text_of,
 )
+from tests.served import served
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -85,28 +86,8 @@ def _serve(world: World, port: int, lifespan: str, log: Any) -> Iterator[str]:
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                log.seek(0)
-                raise AssertionError(f"uvicorn exited:\n{log.read().decode()[-3000:]}")
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.2)
+    with served(process, f"http://127.0.0.1:{port}", "uvicorn", log) as base:
         yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
 
 
 def in_session(

@@ -48,6 +48,7 @@ from examples.crash_matrix.target_client import TargetProcess, start_target
 from examples.crash_matrix.workers import WorkerProcess, broker_env
 from tests.integration.mcp_support import MANAGEMENT, World
 from tests.job_tables import forget_old_jobs
+from tests.served import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -147,17 +148,7 @@ def test_the_readme_http_url_and_header_list_the_proxy_tools(mcp_world: World) -
         stderr=subprocess.DEVNULL,
     )
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, "the MCP HTTP server exited"
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the MCP HTTP server did not start"
-            time.sleep(0.2)
+        wait_healthy(process, f"http://127.0.0.1:{port}", "the MCP HTTP server")
         # And the README's client configuration, the key filled in
         server = json.loads(snippet("mcp-http"))["mcpServers"]["effect-broker"]
         assert server["type"] == "http"
