@@ -3,7 +3,9 @@
 A secret-looking argument (a card number, passed in clear) and a SecretRef (resolved
 only by the worker) go through submit, dispatch, a lost answer (``outcome_unknown``),
 an operator's resolution and the receipt. Every place a value could land is then read
-back, and neither clear value may appear in any of them: the logs at DEBUG, /metrics,
+back, and neither clear value may appear in any of them: this process's logs at
+DEBUG (the API and the worker's dispatch run here; the stdio MCP server's own log is
+not captured), /metrics,
 the spans, the admin's pages, every API response, event metadata, the MCP tools'
 results (a real stdio client session), and a ``pg_dump`` of the database.
 
