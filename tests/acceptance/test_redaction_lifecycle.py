@@ -5,9 +5,8 @@ only by the worker) go through submit, dispatch, a lost answer (``outcome_unknow
 an operator's resolution and the receipt. Every place a value could land is then read
 back, and neither clear value may appear in any of them: this process's logs at
 DEBUG (the API and the worker's dispatch run here; the stdio MCP server's own log is
-not captured), /metrics,
-the spans, the admin's pages, every API response, event metadata, the MCP tools'
-results (a real stdio client session), and a ``pg_dump`` of the database.
+not captured), /metrics, the spans, the admin's pages, every API response, event
+metadata, the MCP tools' results (a real stdio client session), and a ``pg_dump``.
 
 The test also checks that the worker really sent both clear values to the target: a
 redaction test whose secret never travelled would pass for the wrong reason.
