@@ -11,30 +11,42 @@ here, procrastinate's default 5 s). This is the ~1 s p99 of the one-at-a-time
 end-to-end bench: the caller sees the receipt, submits the next effect at once, and
 its NOTIFY lands while the worker's last fetch after the previous job is in flight.
 
-The fix keeps procrastinate's loop unchanged and counts the wake-ups instead: when a
-``job_inserted`` notification arrived while a pass ran, the pass may have cleared it,
-so the event is set again and the run loop fetches once more at once. That costs at
-most one extra (usually empty) fetch per pass that overlapped a new job, never a
-poll. Lowering the poll interval instead would cost idle fetches on every worker all
-the time and still leave up to one interval of stall.
+A second wake-up is lost to job locks. A fetch skips a job whose ``lock`` a running
+job holds (``procrastinate_fetch_job_v2``), and finishing that running job sends no
+NOTIFY. The broker's effect jobs share ``lock="effect:<id>"``, and a dispatch that
+loses its response defers the reconcile job from inside the running dispatch job: with
+more than one slot (the worker's default is 4) a free slot fetches, finds the reconcile
+job locked, and the pass ends; when the dispatch job finishes nothing wakes the worker,
+and the reconcile job waits for the poll.
+
+The fix keeps procrastinate's loop unchanged and counts the wake-ups instead:
+
+* when a ``job_inserted`` notification arrived while a pass ran, the pass may have
+  cleared it, so the event is set again and the run loop fetches once more at once;
+* when a job that held a lock finishes and a job was inserted while it ran, that job
+  may have been skipped for the lock, so the event is set as well.
+
+Each costs at most one extra (usually empty) fetch, and only when a new job overlapped
+a pass or a locked job; never a poll. Lowering the poll interval instead would cost
+idle fetches on every worker all the time and still leave up to one interval of stall.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from procrastinate import jobs
+from procrastinate import job_context, jobs
 from procrastinate.worker import Worker
 
 
 class WakeKeepingWorker(Worker):
-    """procrastinate's worker, re-fetching when a pass may have cleared a wake-up."""
+    """procrastinate's worker, fetching again when a wake-up may have been lost."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         #: ``job_inserted`` notifications received since the worker was built.
         self.wakeups = 0
-        #: Passes after which the wake-up was set again (what a test or a bench reads).
+        #: Times the wake-up was set again (what a test or a bench reads).
         self.rewakes = 0
 
     async def _handle_notification(
@@ -45,6 +57,17 @@ class WakeKeepingWorker(Worker):
             # after the event is set sees this notification too.
             self.wakeups += 1
         await super()._handle_notification(channel=channel, notification=notification)
+
+    async def _process_job(self, context: job_context.JobContext) -> None:
+        seen = self.wakeups
+        try:
+            await super()._process_job(context)  # ends once the job is finished
+        finally:
+            if context.job.lock is not None and self.wakeups != seen:
+                # Its lock is released now; a job inserted meanwhile may have been
+                # skipped for it, and no NOTIFY will come for that job again.
+                self.rewakes += 1
+                self._new_job_event.set()
 
     async def _fetch_and_process_jobs(self) -> None:
         seen = self.wakeups
