@@ -195,7 +195,8 @@ async def _skipped_for_a_lock_then_released(worker_class: type[Any]) -> list[Any
         # When a job holding a lock defers a job under that lock, and the worker's
         # free slot fetches and skips it, before the holder finishes
         holder = await app.configure_task(HOLDER).defer_async()
-        await _wait_for("the skipped fetch", lambda: _true(trap.locked_job_skipped.is_set()))
+        skipped = trap.locked_job_skipped
+        await _wait_for("the skipped fetch", lambda: _true(skipped.is_set()))
         assert trap.locked_job_id is not None
         statuses = await jobs_.statuses_once_done([holder, trap.locked_job_id])
         return [*statuses, worker.rewakes]
