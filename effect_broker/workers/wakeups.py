@@ -21,22 +21,41 @@ and the reconcile job waits for the poll.
 
 The fix keeps procrastinate's loop unchanged and counts the wake-ups instead:
 
-* when a ``job_inserted`` notification arrived while a pass ran, the pass may have
-  cleared it, so the event is set again and the run loop fetches once more at once;
+* when a ``job_inserted`` notification arrived while a pass's last (empty) fetch ran,
+  the pass cleared it, so the event is set again and the run loop fetches once more;
 * when a job that held a lock finishes and a job was inserted while it ran, that job
   may have been skipped for the lock, so the event is set as well.
 
-Each costs at most one extra (usually empty) fetch, and only when a new job overlapped
-a pass or a locked job; never a poll. Lowering the poll interval instead would cost
-idle fetches on every worker all the time and still leave up to one interval of stall.
+Each costs at most one extra fetch, and only when a new job's NOTIFY overlapped a
+pass's last fetch or a locked job's run; never a poll. Lowering the poll interval
+instead would cost idle fetches on every worker all the time and still leave up to one
+interval of stall.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from procrastinate import job_context, jobs
 from procrastinate.worker import Worker
+
+
+class _WakeEvent(asyncio.Event):
+    """procrastinate's wake-up event, remembering the wake-up count at its last two
+    clears: procrastinate clears it after every fetch, so the count at the clear
+    before a pass's last fetch is what that fetch was bound to see."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        super().__init__()
+        self._count = count
+        #: The wake-up count at the clear before last, and at the last clear.
+        self.cleared_at = (0, 0)
+
+    def clear(self) -> None:
+        self.cleared_at = (self.cleared_at[1], self._count())
+        super().clear()
 
 
 class WakeKeepingWorker(Worker):
@@ -48,6 +67,7 @@ class WakeKeepingWorker(Worker):
         self.wakeups = 0
         #: Times the wake-up was set again (what a test or a bench reads).
         self.rewakes = 0
+        self._new_job_event: _WakeEvent = _WakeEvent(lambda: self.wakeups)
 
     async def _handle_notification(
         self, *, channel: str, notification: jobs.Notification
@@ -66,15 +86,19 @@ class WakeKeepingWorker(Worker):
             if context.job.lock is not None and self.wakeups != seen:
                 # Its lock is released now; a job inserted meanwhile may have been
                 # skipped for it, and no NOTIFY will come for that job again.
-                self.rewakes += 1
-                self._new_job_event.set()
+                self._wake_again()
 
     async def _fetch_and_process_jobs(self) -> None:
-        seen = self.wakeups
+        at_start = self.wakeups
         await super()._fetch_and_process_jobs()
-        if self.wakeups != seen and not self._stop_event.is_set():
-            # A job was inserted while this pass ran. If its NOTIFY came during the
-            # pass's last (empty) fetch, procrastinate cleared the event after it and
-            # the job would wait for the poll: wake the run loop again instead.
+        before_last_fetch, after_last_fetch = self._new_job_event.cleared_at
+        # Notifications before the pass's last fetch began were seen by that fetch
+        # (a NOTIFY is sent after its commit); one that arrived while it ran may be of
+        # a job committed after its snapshot, and procrastinate cleared its wake-up.
+        if after_last_fetch != max(at_start, before_last_fetch):
+            self._wake_again()
+
+    def _wake_again(self) -> None:
+        if not self._stop_event.is_set():
             self.rewakes += 1
             self._new_job_event.set()

@@ -14,6 +14,7 @@ of half a poll interval or more waited for a poll, not for work. Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -36,6 +37,33 @@ class Arm:
     label: str
     jobs: list[float] = field(default_factory=list)
     effects: list[float] = field(default_factory=list)
+    #: Calls of procrastinate's fetch function during the samples (None: not counted).
+    fetches: int | None = None
+
+
+def fetch_calls(database_url: str) -> int | None:
+    """Calls of ``procrastinate_fetch_job_v2`` so far (``track_functions``)."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        time.sleep(1.2)  # backends flush their function counts about once a second
+        row = conn.execute(
+            "SELECT sum(calls) FROM pg_stat_user_functions "
+            "WHERE funcname = 'procrastinate_fetch_job_v2'"
+        ).fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
+def count_fetches(database_url: str, name: str) -> None:
+    """Have new backends of ``name`` count PL/pgSQL function calls (the worker's
+    fetches); a bench on a server where that is refused counts none."""
+    import psycopg
+
+    with (
+        contextlib.suppress(psycopg.Error),
+        psycopg.connect(database_url, autocommit=True) as conn,
+    ):
+        conn.execute(f"ALTER DATABASE \"{name}\" SET track_functions = 'pl'")
 
 
 @contextmanager
@@ -107,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with runtime.override(registry=load_contracts(services.contracts)):
                 pipeline = Pipeline(db.url, BrokerCases(bench_tenant()))
                 try:
+                    count_fetches(db.url, db.name)
                     for n_arm, (label, module) in enumerate(ARMS):
                         pipeline.drain_stale_jobs()
                         arm = Arm(label)
@@ -114,11 +143,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                             for i in range(20):  # warm-up
                                 pipeline.job_one()
                                 pipeline.broker_one(n_arm * 1_000_000 + i)
+                            before = fetch_calls(db.url)
                             for i in range(args.samples):
                                 arm.jobs.append(pipeline.job_one())
                                 arm.effects.append(
                                     pipeline.broker_one(n_arm * 1_000_000 + 100 + i)
                                 )
+                            after = fetch_calls(db.url)
+                            if before is not None and after is not None:
+                                arm.fetches = after - before
                         arms.append(arm)
                         print(f"  {label}: done", file=sys.stderr, flush=True)
                 finally:
@@ -142,11 +175,13 @@ def table(arms: list[Arm], poll: float) -> str:
         f"'waited' = samples ≥ {poll / 2:g} s (a lost wake-up waits for the poll).",
         "",
         "| worker | case | n | p50 ms | p90 ms | p99 ms | max ms | waited "
-        "| p99 / p50 | p50 vs bare job |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| p99 / p50 | p50 vs bare job | fetches per item |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for arm in arms:
         bare = statistics.median(arm.jobs)
+        items = len(arm.jobs) + len(arm.effects)
+        fetches = "-" if arm.fetches is None else f"{arm.fetches / items:.2f} (both)"
         for case, values in (("bare job", arm.jobs), ("broker effect", arm.effects)):
             p50 = statistics.median(values)
             p99 = percentile(values, 99)
@@ -154,7 +189,7 @@ def table(arms: list[Arm], poll: float) -> str:
                 f"| {arm.label} | {case} | {len(values)} | {ms(p50)} "
                 f"| {ms(percentile(values, 90))} | {ms(p99)} | {ms(max(values))} "
                 f"| {sum(v >= poll / 2 for v in values)} | {p99 / p50:.2f}x "
-                f"| {p50 / bare:.2f}x |"
+                f"| {p50 / bare:.2f}x | {fetches} |"
             )
     return "\n".join(lines)
 
