@@ -84,7 +84,12 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
     assert [s["label"] for s in report["scale"]] == ["1k"]
     assert report["plans"]
     assert all(isinstance(p["seq_scan_on_effect_intents"], bool) for p in report["plans"])
-    assert len(report["targets"]) == 7
+    assert len(report["targets"]) == 9
+    names = [t["target"] for t in report["targets"]]
+    # Issue 13: the one-at-a-time end-to-end row against the bare job, and its tail.
+    assert "end to end, 1 worker: submit → receipt vs bare job" in names
+    e2e = "end to end, 1 worker: submit → receipt"
+    assert f"{e2e}: p99 / p50 (no lost-NOTIFY stall)" in names
     chart = out.with_suffix(".png")
     assert chart.exists() or "No chart written: matplotlib is not installed" in text
 
