@@ -288,7 +288,9 @@ def table(http: HttpFigures) -> str:
             f"while {e2e.workers} worker processes drain to the simulated target; "
             "effects/s counts receipts written in the window (database timestamps). "
             "CPU per effect is per receipt; cores busy is CPU seconds per second of "
-            "the window (the box has the vCPUs in the header, shared by all).",
+            "the window (the box has the vCPUs in the header, shared by all). When "
+            "submits/s exceeds effects/s the queue grew: the workers were the slower "
+            "stage.",
             "",
             "| submits/s | effects/s | API CPU ms/effect | workers CPU ms/effect "
             "| PostgreSQL CPU ms/effect | load generator CPU ms/effect "
