@@ -79,8 +79,8 @@ def http_path(
     pg_pid = postmaster_pid(db.url)
     if pg_pid is None:
         result.notes.append(
-            "PostgreSQL runs on another machine: its CPU per HTTP submit and per "
-            "effect is not measured"
+            "PostgreSQL's processes are not visible here (another machine, container "
+            "or user): its CPU per HTTP submit and per effect is not measured"
         )
     server = ApiServer(VARIANTS["pooled"], env, services.workdir)
     sampler = ConnectionSampler(db.admin_url, db.name)
