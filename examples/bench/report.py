@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from examples.bench.http_figures import HttpFigures, target_rows
+from examples.bench.http_figures import table as http_table
 from examples.bench.scale import Plan
 from examples.bench.stats import LatencyCase, ThroughputCase, percentile, ratio
 
@@ -85,6 +87,7 @@ class BenchResult:
     plans: list[Plan] = field(default_factory=list)
     plans_at: str = ""
     profiles: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    http: HttpFigures | None = None
     notes: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
 
@@ -161,6 +164,9 @@ def evaluate(result: BenchResult) -> list[Target]:
                     None,
                 )
             )
+    targets += [
+        Target(*row) for row in target_rows(result.http, result.median("broker_submit"))
+    ]
     seq = [plan.name for plan in result.plans if plan.seq_scan_on_effects]
     targets.append(
         Target(
@@ -374,6 +380,8 @@ def markdown(result: BenchResult, targets: list[Target]) -> str:
     ]
     if result.throughput:
         parts += ["", "### End to end throughput", "", throughput_table(result)]
+    if result.http is not None:
+        parts += ["", "### HTTP path", "", http_table(result.http)]
     if result.scales:
         parts += ["", "### Scale", "", scale_table(result)]
     if result.plans:
@@ -427,5 +435,6 @@ def to_json(result: BenchResult, targets: list[Target]) -> dict[str, Any]:
             }
             for t in targets
         ],
+        "http": result.http.to_json() if result.http else None,
         "notes": result.notes,
     }

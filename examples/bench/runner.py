@@ -28,6 +28,7 @@ from examples.bench.environment import (
     scratch_database,
     server_settings,
 )
+from examples.bench.http_phase import http_path
 from examples.bench.options import BenchOptions
 from examples.bench.pipeline import Pipeline
 from examples.bench.report import BenchResult, evaluate, markdown, to_json
@@ -80,7 +81,7 @@ def _clean(value: Any) -> Any:
 
 def run(out: Output, opts: BenchOptions) -> int:
     """Run every phase; print progress, then the report; return the exit code."""
-    steps = 5 + bool(opts.scales)
+    steps = 5 + bool(opts.scales) + bool(opts.http_levels)
     progress = Progress(out, steps)
     load = os.getloadavg()[0]
     if load > (os.cpu_count() or 1) * 0.5:
@@ -116,6 +117,12 @@ def run(out: Output, opts: BenchOptions) -> int:
                 pipeline = Pipeline(db.url, cases)
                 try:
                     phases.pipelines(result, opts, services, pipeline, progress.say)
+                    if opts.http_levels:
+                        progress.next(
+                            "HTTP: one API process, end to end with 2 workers, then "
+                            f"levels {','.join(map(str, opts.http_levels))}"
+                        )
+                        http_path(result, opts, services, db, pipeline, progress.say)
                 finally:
                     pipeline.close()
                 progress.next(
