@@ -385,9 +385,23 @@ def _rmgr(w: Window, name: str) -> list[tuple[int, int]]:
     ]
 
 
+def _changed(
+    before: dict[str, tuple[int, int, int, int]],
+    after: dict[str, tuple[int, int, int, int]],
+) -> dict[str, tuple[int, int, int, int]]:
+    """Tables whose row counters moved between two reads, and by how much."""
+    moved = {}
+    for table, now in after.items():
+        was = before.get(table, (0, 0, 0, 0))
+        delta = (now[0] - was[0], now[1] - was[1], now[2] - was[2], now[3] - was[3])
+        if any(delta):
+            moved[table] = delta
+    return moved
+
+
 def _analysed(w: Window) -> bool:
     """An autoanalyze ran in the window (it wrote pg_statistic)."""
-    return "pg_statistic" in w.rows
+    return any(w.rows.get("pg_statistic", ()))
 
 
 def _value(w: Window, attr: str) -> float:
@@ -585,13 +599,7 @@ class WalCommitsPhase:
             seconds,
             after - before,
             own,
-            {
-                t: tuple(
-                    a - b
-                    for a, b in zip(v, rows_before.get(t, (0, 0, 0, 0)), strict=True)
-                )  # type: ignore[misc]
-                for t, v in rows_after.items()
-            },
+            _changed(rows_before, rows_after),
             meter.waldump(before.lsn, after.lsn),
             pg_cpu,
             self.worker_cpu,

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from examples.bench.report import BenchResult, evaluate
-from examples.bench.wal_commits import Counters, WalCommits, Window, parse_waldump_stats
+from examples.bench.wal_commits import (
+    Counters,
+    WalCommits,
+    Window,
+    _analysed,
+    _changed,
+    parse_waldump_stats,
+)
 
 
 def window(name: str, items: int, seconds: float, commits: int, wal: int) -> Window:
@@ -84,3 +91,20 @@ def test_waldump_stats_parse_per_resource_manager_without_empty_ones_or_total() 
         "Transaction": (357, 15777, 0),
         "Heap": (1804, 238759, 0),
     }
+
+
+def test_a_window_keeps_only_the_tables_whose_rows_moved() -> None:
+    before = {"effect_intents": (5, 2, 0, 0), "tenants": (1, 0, 0, 0)}
+    after = {"effect_intents": (7, 6, 1, 0), "tenants": (1, 0, 0, 0), "new": (0, 0, 0, 1)}
+    assert _changed(before, after) == {
+        "effect_intents": (2, 4, 1, 0),
+        "new": (0, 0, 0, 1),
+    }
+
+
+def test_a_window_that_wrote_pg_statistic_met_an_autoanalyze() -> None:
+    quiet = window("idle_long", 0, 11.0, 20, 600)
+    quiet.rows = {"procrastinate_jobs": (1, 3, 0, 0)}
+    analysed = window("idle_long", 0, 11.0, 25, 60_000)
+    analysed.rows = {"pg_statistic": (27, 115, 33, 0)}
+    assert (_analysed(quiet), _analysed(analysed)) == (False, True)
