@@ -18,7 +18,7 @@ from django.conf import settings
 
 from effect_broker.domain.contracts import load_contracts
 from effect_broker.services import runtime
-from examples.bench import phases, wal_commits
+from examples.bench import phases, wal_meter
 from examples.bench.broker_cases import BrokerCases, bench_tenant
 from examples.bench.call_profiles import profiles
 from examples.bench.chart import matplotlib_missing, write_chart
@@ -121,7 +121,7 @@ def run(out: Output, opts: BenchOptions) -> int:
                 progress.next(
                     "commits and WAL per effect (pg_stat_database, pg_stat_wal)"
                 )
-                result.wal_commits = wal_commits.measure(
+                result.wal_commits = wal_meter.measure(
                     db, services, cases, items=opts.items, quick=opts.quick
                 )
                 progress.next(

@@ -6,14 +6,8 @@ from __future__ import annotations
 import pytest
 
 from examples.bench.report import BenchResult, evaluate
-from examples.bench.wal_commits import (
-    Counters,
-    WalCommits,
-    Window,
-    _analysed,
-    _changed,
-    parse_waldump_stats,
-)
+from examples.bench.wal_commits import Counters, WalCommits, Window
+from examples.bench.wal_meter import _analysed, _changed, parse_waldump_stats
 
 
 def window(name: str, items: int, seconds: float, commits: int, wal: int) -> Window:
