@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from examples.bench.http_figures import HttpFigures, target_rows
 from examples.bench.http_figures import table as http_table
 from examples.bench.scale import Plan
 from examples.bench.stats import LatencyCase, ThroughputCase, percentile, ratio
+
+if TYPE_CHECKING:
+    from examples.bench.wal_commits import WalCommits
 
 #: (case, reference case, how the ratio reads, target limit or None, kind of limit)
 RATIOS: list[tuple[str, str, str, float | None, str]] = [
@@ -88,6 +91,7 @@ class BenchResult:
     plans_at: str = ""
     profiles: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     http: HttpFigures | None = None
+    wal_commits: WalCommits | None = None
     notes: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
 
@@ -167,6 +171,10 @@ def evaluate(result: BenchResult) -> list[Target]:
     targets += [
         Target(*row) for row in target_rows(result.http, result.median("broker_submit"))
     ]
+    if result.wal_commits is not None:
+        targets += [Target(*row) for row in result.wal_commits.target_rows()]
+    else:
+        targets.append(Target("committed transactions per effect", "-", "≤ 8", None))
     seq = [plan.name for plan in result.plans if plan.seq_scan_on_effects]
     targets.append(
         Target(
@@ -386,6 +394,8 @@ def markdown(result: BenchResult, targets: list[Target]) -> str:
         parts += ["", "### Scale", "", scale_table(result)]
     if result.plans:
         parts += ["", plans_table(result)]
+    if result.wal_commits is not None:
+        parts += ["", "### Commits and WAL per effect", "", result.wal_commits.table()]
     if result.profiles:
         parts += ["", "### Profile", ""]
         for name, profile in result.profiles.items():
@@ -436,5 +446,6 @@ def to_json(result: BenchResult, targets: list[Target]) -> dict[str, Any]:
             for t in targets
         ],
         "http": result.http.to_json() if result.http else None,
+        "wal_commits": result.wal_commits.to_json() if result.wal_commits else None,
         "notes": result.notes,
     }

@@ -18,7 +18,7 @@ from django.conf import settings
 
 from effect_broker.domain.contracts import load_contracts
 from effect_broker.services import runtime
-from examples.bench import phases
+from examples.bench import phases, wal_meter
 from examples.bench.broker_cases import BrokerCases, bench_tenant
 from examples.bench.call_profiles import profiles
 from examples.bench.chart import matplotlib_missing, write_chart
@@ -81,7 +81,7 @@ def _clean(value: Any) -> Any:
 
 def run(out: Output, opts: BenchOptions) -> int:
     """Run every phase; print progress, then the report; return the exit code."""
-    steps = 5 + bool(opts.scales) + bool(opts.http_levels)
+    steps = 6 + bool(opts.scales) + bool(opts.http_levels)
     progress = Progress(out, steps)
     load = os.getloadavg()[0]
     if load > (os.cpu_count() or 1) * 0.5:
@@ -125,6 +125,12 @@ def run(out: Output, opts: BenchOptions) -> int:
                         http_path(result, opts, services, db, pipeline, progress.say)
                 finally:
                     pipeline.close()
+                progress.next(
+                    "commits and WAL per effect (pg_stat_database, pg_stat_wal)"
+                )
+                result.wal_commits = wal_meter.measure(
+                    db, services, cases, items=opts.items, quick=opts.quick
+                )
                 progress.next(
                     "floors, hand-rolled table, agent-ledger and broker calls "
                     "(in this process, interleaved)"
