@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from examples.bench.batch_figures import BatchCase, batch_table
 from examples.bench.scale import Plan
 from examples.bench.stats import LatencyCase, ThroughputCase, percentile, ratio
 
@@ -85,6 +86,7 @@ class BenchResult:
     plans: list[Plan] = field(default_factory=list)
     plans_at: str = ""
     profiles: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    batches: list[BatchCase] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
 
@@ -374,6 +376,8 @@ def markdown(result: BenchResult, targets: list[Target]) -> str:
     ]
     if result.throughput:
         parts += ["", "### End to end throughput", "", throughput_table(result)]
+    if result.batches:
+        parts += ["", "### Batch submit (effects/s)", "", batch_table(result.batches)]
     if result.scales:
         parts += ["", "### Scale", "", scale_table(result)]
     if result.plans:
@@ -411,6 +415,7 @@ def to_json(result: BenchResult, targets: list[Target]) -> dict[str, Any]:
         "throughput": [case.to_json() for case in result.throughput.values()],
         "ratios": ratios,
         "scale": [s.to_json() for s in result.scales],
+        "batch_submit": [b.to_json() for b in result.batches],
         "plans_at": result.plans_at,
         "plans": [plan.to_json() for plan in result.plans],
         "profiles_ms": {

@@ -4,6 +4,8 @@ batch (nothing written), the per-item rate-limit charge."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -153,3 +155,14 @@ def test_get_on_the_batch_path_is_not_an_effect_lookup() -> None:
     key = create_tenant("batcher")[1]
     response = Client().get(BATCH, headers={"Authorization": f"Bearer {key}"})
     _problem(response, 405, "method_not_allowed")
+
+
+def test_the_readme_batch_example_is_accepted_as_written() -> None:
+    # The body of README's curl example, sent as it is written there
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text("utf-8")
+    found = re.search(r"/v1/effects/batch \\\n.*?-d '(.*?)'\n", readme, re.S)
+    assert found is not None
+    client, key = Client(), create_tenant("readme")[1]
+    response = post(client, key, json.loads(found.group(1)))
+    assert response.status_code == 200, response.content
+    assert [i["outcome"] for i in response.json()["items"]] == ["created", "created"]

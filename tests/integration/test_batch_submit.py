@@ -3,10 +3,12 @@ item, each item keeping a single submit's replay and conflict semantics."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
 
 from effect_broker.domain.errors import (
@@ -201,3 +203,62 @@ def test_a_batch_replays_what_single_submits_made_and_vice_versa(tenant) -> None
     again = submit_many(tenant, [_request("both:1")])
     assert _outcomes(again) == ["replayed"]
     assert again[0].effect == single.effect
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_a_concurrent_submit_commits_during_the_batch_is_read_back(
+    tenant,
+) -> None:
+    # Given another caller's submit of "race:1", reserved but not yet committed
+    reserved, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                submit(tenant, _request("race:1"))
+                reserved.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    found: dict[str, Any] = {}
+
+    def batch() -> None:
+        try:
+            with CaptureQueriesContext(connection) as queries:
+                found["results"] = submit_many(
+                    tenant, [_request("race:1"), _request("race:2")]
+                )
+            found["statements"] = len(queries.captured_queries)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert reserved.wait(10)
+    # When a batch carrying that key waits on it (ON CONFLICT), and then it commits
+    batcher = threading.Thread(target=batch)
+    batcher.start()
+    _wait_for_a_lock_waiter()
+    release.set()
+    holder.join(10)
+    batcher.join(10)
+    # Then the batch reads the winner in one more statement: a replay, not an error
+    assert [r.outcome for r in found["results"]] == ["replayed", "created"]
+    assert found["statements"] == 2
+    winner = EffectIntent.objects.get(operation_key="race:1")
+    assert found["results"][0].effect.effect_id == str(winner.id)
+
+
+def _wait_for_a_lock_waiter() -> None:
+    deadline = time.monotonic() + 10
+    with connection.cursor() as cur:
+        while time.monotonic() < deadline:
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                " current_database() AND wait_event_type = 'Lock'"
+            )
+            if cur.fetchone()[0]:
+                return
+            time.sleep(0.02)
+    raise AssertionError("the batch never waited on the uncommitted key")
