@@ -19,65 +19,59 @@ from effect_broker.domain.event_chain import GENESIS_DIGEST
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus
 from effect_broker.store import sql
-from effect_broker.store.ledger import NewIntent, QueuedJob, _event_params, _json
+from effect_broker.store.ledger import NewIntent, QueuedJob, _event_params
 from effect_broker.store.rows import record_from_row
 
 
-def _intent_arrays(
-    intents: Sequence[NewIntent], *, now: datetime, actors: Sequence[str]
-) -> dict[str, Any]:
-    """One bound array per column of ``sql.RESERVE_BATCH``'s ``input``."""
-    columns: dict[str, list[Any]] = {}
-    for intent, actor in zip(intents, actors, strict=True):
-        # The same first event ``reserve`` writes, chained from genesis.
-        metadata = {"contract": f"{intent.contract_name}@{intent.contract_version}"}
-        _, digest = _event_params(
-            intent.effect_id,
-            sequence=1,
-            event_type="reserved",
-            old_status=None,
-            new_status=EffectStatus.PREPARED,
-            actor=actor,
-            now=now,
-            metadata=metadata,
-            prev=GENESIS_DIGEST,
-        )
-        for name, value in (
-            ("ids", intent.effect_id),
-            ("operation_keys", intent.operation_key),
-            ("tools", intent.tool),
-            ("request_hashes", intent.request_hash),
-            ("ciphertexts", intent.arguments_ciphertext),
-            ("key_ids", intent.arguments_key_id),
-            ("previews", _json(intent.arguments_preview)),
-            ("contract_names", intent.contract_name),
-            ("contract_versions", intent.contract_version),
-            ("safety_classes", intent.safety_class),
-            ("downstream_keys", intent.downstream_key),
-            ("trace_ids", intent.trace_id),
-            ("requested_bys", intent.requested_by),
-            ("trace_contexts", intent.trace_context),
-            ("prev_digests", GENESIS_DIGEST),
-            ("digests", digest),
-            ("metadatas", _json(metadata)),
-            ("actors", actor),
-        ):
-            columns.setdefault(name, []).append(value)
-    return columns
-
-
-def _job_arrays(
-    intents: Sequence[NewIntent], jobs: Sequence[QueuedJob]
-) -> dict[str, Any]:
+def _item(intent: NewIntent, *, now: datetime, actor: str) -> dict[str, Any]:
+    """One element of ``sql.RESERVE_BATCH``'s JSON input: the intent and the digest
+    of its first event, the same ``reserved`` event ``reserve`` writes."""
+    metadata = {"contract": f"{intent.contract_name}@{intent.contract_version}"}
+    _, digest = _event_params(
+        intent.effect_id,
+        sequence=1,
+        event_type="reserved",
+        old_status=None,
+        new_status=EffectStatus.PREPARED,
+        actor=actor,
+        now=now,
+        metadata=metadata,
+        prev=GENESIS_DIGEST,
+    )
     return {
-        "job_ids": [i.effect_id for i in intents],
-        "job_queues": [j.queue_name for j in jobs],
-        "job_tasks": [j.task_name for j in jobs],
-        "job_priorities": [j.priority for j in jobs],
-        "job_locks": [j.lock for j in jobs],
-        "job_queueing_locks": [j.queueing_lock for j in jobs],
-        "job_args": [json.dumps(dict(j.args)) for j in jobs],
-        "job_scheduled": [j.scheduled_at for j in jobs],
+        "id": intent.effect_id,
+        "operation_key": intent.operation_key,
+        "tool": intent.tool,
+        "request_hash": intent.request_hash.hex(),
+        "arguments_ciphertext": intent.arguments_ciphertext.hex(),
+        "arguments_key_id": intent.arguments_key_id,
+        "arguments_preview": dict(intent.arguments_preview),
+        "contract_name": intent.contract_name,
+        "contract_version": intent.contract_version,
+        "safety_class": intent.safety_class,
+        "downstream_key": intent.downstream_key,
+        "trace_id": intent.trace_id,
+        "requested_by": intent.requested_by,
+        "trace_context": intent.trace_context,
+        "digest": digest.hex(),
+        # jsonb keeps no key order or spacing, so the stored metadata reads back
+        # equal to what was hashed whichever JSON text carries it.
+        "metadata": metadata,
+        "actor": actor,
+    }
+
+
+def _job_fields(job: QueuedJob) -> dict[str, Any]:
+    return {
+        "job_queue": job.queue_name,
+        "job_task": job.task_name,
+        "job_priority": job.priority,
+        "job_lock": job.lock,
+        "job_queueing_lock": job.queueing_lock,
+        "job_args": dict(job.args),
+        "job_scheduled_at": None
+        if job.scheduled_at is None
+        else job.scheduled_at.isoformat(),
     }
 
 
@@ -92,9 +86,9 @@ def reserve_many(
     given, (row, created) per intent: the new row, or the one that already held the key.
 
     All intents belong to one tenant and carry distinct keys; ``actors[i]`` is the
-    actor of ``intents[i]``'s ``reserved`` event. ``jobs[i]`` is the
-    dispatch job of ``intents[i]``, inserted only if that intent is. Intents, events and
-    jobs are ONE statement: one round trip and, in autocommit, one commit.
+    actor of ``intents[i]``'s ``reserved`` event. ``jobs[i]`` is the dispatch job of
+    ``intents[i]``, inserted only if that intent is. Intents, events and jobs are ONE
+    statement: one round trip and, in autocommit, one commit.
     """
     if not intents:
         return []
@@ -104,20 +98,26 @@ def reserve_many(
         raise ValueError("a batch reservation needs one tenant and distinct keys")
     if len(actors) != len(intents) or (jobs is not None and len(jobs) != len(intents)):
         raise ValueError("a batch reservation needs one actor and job per intent")
-    tenant_id = next(iter(tenants))
-    params: dict[str, Any] = {
-        **_intent_arrays(intents, now=now, actors=actors),
-        "tenant": tenant_id,
-        "status": EffectStatus.PREPARED.value,
-        "now": now,
-    }
+    items = [
+        _item(intent, now=now, actor=actor)
+        for intent, actor in zip(intents, actors, strict=True)
+    ]
     if jobs is not None:
-        params |= _job_arrays(intents, jobs)
+        for item, job in zip(items, jobs, strict=True):
+            item.update(_job_fields(job))
         statement = sql.RESERVE_BATCH.format(
             job=sql.RESERVE_BATCH_JOBS, job_source=", job"
         )
     else:
         statement = sql.RESERVE_BATCH.format(job="", job_source="")
+    tenant_id = next(iter(tenants))
+    params = {
+        "items": json.dumps(items, ensure_ascii=False, separators=(",", ":")),
+        "tenant": tenant_id,
+        "status": EffectStatus.PREPARED.value,
+        "now": now,
+        "genesis": GENESIS_DIGEST,
+    }
     found: dict[str, tuple[EffectRecord, bool]] = {}
     with connection.cursor() as cur:
         cur.execute(statement, params)

@@ -233,28 +233,27 @@ SELECT_DUE = (
 
 # A batch reservation (issue 13): N intents, their ``reserved`` events and - when the
 # scheduler provides them - their dispatch jobs, in ONE statement and so one commit.
-# Each column arrives as one bound array, unnested side by side (``ord`` keeps the
-# caller's order). ``existing`` reads the keys that were already taken, in the same
-# statement: its snapshot predates this statement's inserts, so it sees exactly the
-# rows committed before it. A key a concurrent inserter committed after that snapshot
-# is in neither half; ``ledger.reserve_many`` reads those few again, as ``reserve``
+# The items arrive as ONE bound JSON array (bytes as hex), read back into typed rows
+# by ``jsonb_to_record``: one parameter to quote, where an array per column cost the
+# client more to quote than the statement took to run. ``ord`` keeps the caller's
+# order. ``existing`` reads the keys that were already taken, in the same statement:
+# its snapshot predates this statement's inserts, so it sees exactly the rows
+# committed before it. A key a concurrent inserter committed after that snapshot is in
+# neither half; ``batch_reserve.reserve_many`` reads those few again, as ``reserve``
 # does. Keys must be distinct within one call (the service folds duplicates first).
 RESERVE_BATCH = (
     """
 WITH input AS (
-    SELECT * FROM unnest(
-        %(ids)s::uuid[], %(operation_keys)s::text[], %(tools)s::text[],
-        %(request_hashes)s::bytea[], %(ciphertexts)s::bytea[], %(key_ids)s::text[],
-        %(previews)s::jsonb[], %(contract_names)s::text[],
-        %(contract_versions)s::text[], %(safety_classes)s::text[],
-        %(downstream_keys)s::text[], %(trace_ids)s::text[], %(requested_bys)s::text[],
-        %(trace_contexts)s::text[], %(prev_digests)s::bytea[], %(digests)s::bytea[],
-        %(metadatas)s::jsonb[], %(actors)s::text[]
-    ) WITH ORDINALITY AS t(
-        id, operation_key, tool, request_hash, arguments_ciphertext, arguments_key_id,
-        arguments_preview, contract_name, contract_version, safety_class,
-        downstream_key, trace_id, requested_by, trace_context,
-        prev_digest, digest, metadata, actor, ord
+    SELECT r.*, t.ord
+    FROM jsonb_array_elements(%(items)s::jsonb) WITH ORDINALITY AS t(item, ord),
+    LATERAL jsonb_to_record(t.item) AS r(
+        id uuid, operation_key text, tool text, request_hash text,
+        arguments_ciphertext text, arguments_key_id text, arguments_preview jsonb,
+        contract_name text, contract_version text, safety_class text,
+        downstream_key text, trace_id text, requested_by text, trace_context text,
+        digest text, metadata jsonb, actor text,
+        job_queue text, job_task text, job_priority int, job_lock text,
+        job_queueing_lock text, job_args jsonb, job_scheduled_at timestamptz
     )
 ), intent AS (
     INSERT INTO effect_intents (
@@ -263,10 +262,11 @@ WITH input AS (
         safety_class, downstream_key, status, version, attempt_count, next_action_at,
         trace_id, requested_by, created_at, updated_at, trace_context
     )
-    SELECT id, %(tenant)s::uuid, operation_key, tool, request_hash, arguments_ciphertext,
-        arguments_key_id, arguments_preview, contract_name, contract_version,
-        safety_class, downstream_key, %(status)s, 1, 0, %(now)s::timestamptz, trace_id,
-        requested_by, %(now)s::timestamptz, %(now)s::timestamptz, trace_context
+    SELECT id, %(tenant)s::uuid, operation_key, tool, decode(request_hash, 'hex'),
+        decode(arguments_ciphertext, 'hex'), arguments_key_id, arguments_preview,
+        contract_name, contract_version, safety_class, downstream_key, %(status)s, 1,
+        0, %(now)s::timestamptz, trace_id, requested_by, %(now)s::timestamptz,
+        %(now)s::timestamptz, trace_context
     FROM input ORDER BY ord
     ON CONFLICT (tenant_id, operation_key) DO NOTHING
     RETURNING """
@@ -277,7 +277,7 @@ WITH input AS (
     + _INSERT_EVENT_COLUMNS
     + """
     SELECT input.id, 1, 'reserved', NULL, %(status)s, 1, input.actor,
-        %(now)s::timestamptz, input.metadata, input.prev_digest, input.digest
+        %(now)s::timestamptz, input.metadata, %(genesis)s, decode(input.digest, 'hex')
     FROM input JOIN intent ON intent.id = input.id
     RETURNING effect_id, digest
 ), existing AS (
@@ -298,20 +298,13 @@ SELECT existing.*, false FROM existing
 
 #: The dispatch jobs of a batch: one ``procrastinate_defer_jobs_v1`` call over the
 #: created intents only (a replayed key queues nothing), in the batch's statement.
-#: Each job names its intent by id, so only the rows actually inserted get one.
-RESERVE_BATCH_JOBS = """, jobs AS (
-    SELECT * FROM unnest(
-        %(job_ids)s::uuid[], %(job_queues)s::text[], %(job_tasks)s::text[],
-        %(job_priorities)s::int[], %(job_locks)s::text[], %(job_queueing_locks)s::text[],
-        %(job_args)s::jsonb[], %(job_scheduled)s::timestamptz[]
-    ) AS j(id, queue_name, task_name, priority, lock, queueing_lock, args, scheduled_at)
-), job AS (
+RESERVE_BATCH_JOBS = """, job AS (
     SELECT procrastinate_defer_jobs_v1(ARRAY(
         SELECT ROW(
-            jobs.queue_name, jobs.task_name, jobs.priority, jobs.lock,
-            jobs.queueing_lock, jobs.args, jobs.scheduled_at
+            input.job_queue, input.job_task, input.job_priority, input.job_lock,
+            input.job_queueing_lock, input.job_args, input.job_scheduled_at
         )::procrastinate_job_to_defer_v1
-        FROM jobs JOIN intent ON intent.id = jobs.id
+        FROM input JOIN intent ON intent.id = input.id ORDER BY input.ord
     )) AS ids
 )"""
 
