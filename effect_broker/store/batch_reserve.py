@@ -111,7 +111,7 @@ def reserve_many(
     else:
         statement = sql.RESERVE_BATCH.format(job="", job_source="")
     tenant_id = next(iter(tenants))
-    params = {
+    params: dict[str, Any] = {
         "items": json.dumps(items, ensure_ascii=False, separators=(",", ":")),
         "tenant": tenant_id,
         "status": EffectStatus.PREPARED.value,
