@@ -281,13 +281,21 @@ WITH input AS (
     FROM input JOIN intent ON intent.id = input.id
     RETURNING effect_id, digest
 ), existing AS (
-    SELECT """
+    -- One unique-index probe per item. LIMIT 1 keeps the subquery from being pulled
+    -- up into a join: as a join, the planner (which guesses 100 input rows) chose a
+    -- hash join over ALL of the tenant's effects, a sequential scan that grows with
+    -- the ledger (20 ms at 3k effects for a batch of one).
+    SELECT taken.* FROM input CROSS JOIN LATERAL (
+        SELECT """
     + ", ".join(f"effect_intents.{c}" for c in INTENT_COLUMNS)
     + ", "
     + HEAD_DIGEST
     + """ AS digest
-    FROM effect_intents JOIN input ON effect_intents.operation_key = input.operation_key
-    WHERE effect_intents.tenant_id = %(tenant)s::uuid
+        FROM effect_intents
+        WHERE effect_intents.tenant_id = %(tenant)s::uuid
+          AND effect_intents.operation_key = input.operation_key
+        LIMIT 1
+    ) AS taken
 ){job}
 SELECT intent.*, event.digest, true AS created
 FROM intent JOIN event ON event.effect_id = intent.id{job_source}
