@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from examples.bench.batch_figures import BatchCase, batch_table
 from examples.bench.http_figures import HttpFigures, target_rows
 from examples.bench.http_figures import table as http_table
 from examples.bench.scale import Plan
@@ -92,6 +93,7 @@ class BenchResult:
     profiles: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     http: HttpFigures | None = None
     wal_commits: WalCommits | None = None
+    batches: list[BatchCase] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
 
@@ -390,6 +392,8 @@ def markdown(result: BenchResult, targets: list[Target]) -> str:
         parts += ["", "### End to end throughput", "", throughput_table(result)]
     if result.http is not None:
         parts += ["", "### HTTP path", "", http_table(result.http)]
+    if result.batches:
+        parts += ["", "### Batch submit (effects/s)", "", batch_table(result.batches)]
     if result.scales:
         parts += ["", "### Scale", "", scale_table(result)]
     if result.plans:
@@ -429,6 +433,7 @@ def to_json(result: BenchResult, targets: list[Target]) -> dict[str, Any]:
         "throughput": [case.to_json() for case in result.throughput.values()],
         "ratios": ratios,
         "scale": [s.to_json() for s in result.scales],
+        "batch_submit": [b.to_json() for b in result.batches],
         "plans_at": result.plans_at,
         "plans": [plan.to_json() for plan in result.plans],
         "profiles_ms": {

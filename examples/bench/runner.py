@@ -18,7 +18,7 @@ from django.conf import settings
 
 from effect_broker.domain.contracts import load_contracts
 from effect_broker.services import runtime
-from examples.bench import phases, wal_meter
+from examples.bench import batch_submit, phases, wal_meter
 from examples.bench.broker_cases import BrokerCases, bench_tenant
 from examples.bench.call_profiles import profiles
 from examples.bench.chart import matplotlib_missing, write_chart
@@ -81,7 +81,7 @@ def _clean(value: Any) -> Any:
 
 def run(out: Output, opts: BenchOptions) -> int:
     """Run every phase; print progress, then the report; return the exit code."""
-    steps = 6 + bool(opts.scales) + bool(opts.http_levels)
+    steps = 7 + bool(opts.scales) + bool(opts.http_levels)
     progress = Progress(out, steps)
     load = os.getloadavg()[0]
     if load > (os.cpu_count() or 1) * 0.5:
@@ -136,6 +136,13 @@ def run(out: Output, opts: BenchOptions) -> int:
                     "(in this process, interleaved)"
                 )
                 phases.in_process(result, opts, cases, db.url, progress.say)
+                progress.next("batch submit: effects/s at batch sizes 1, 10, 100")
+                result.batches = batch_submit.measure(
+                    cases,
+                    repetitions=opts.repetitions,
+                    samples=opts.samples,
+                    say=progress.say,
+                )
                 progress.next("profiling a submit and a dispatch")
                 profiles(result, opts, cases)
                 if opts.scales:
