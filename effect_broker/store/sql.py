@@ -82,9 +82,14 @@ _EVENT_OF = (
 
 # One statement (so one round trip, and in autocommit one commit): the intent, its
 # first event and - when the scheduler provides one - the dispatch job commit together
-# or not at all. ON CONFLICT DO NOTHING waits for a concurrent inserter of the same key
-# to finish, so exactly one caller gets a row back; the others then read the winner in
-# a new statement (this one's snapshot predates the winner's commit).
+# or not at all; the event and the job select FROM ``intent``, so a replay writes
+# neither. The same statement answers a replay (issue 13: one round trip, hit or
+# miss): when the insert returned nothing, the second branch reads the existing row by
+# key through the same unique index the conflict was found on. The leading boolean
+# says which branch answered (true: created). A row this statement's snapshot cannot
+# see - a concurrent inserter of the same key, whom ON CONFLICT waited for and whose
+# commit came after the snapshot - makes both branches empty; only then does the
+# caller read the winner in a new statement (``SELECT_INTENT_BY_KEY``).
 RESERVE_INTENT = (
     """
 WITH intent AS (
@@ -106,7 +111,15 @@ WITH intent AS (
     + _EVENT_OF.format(source="intent")
     + """
 ){job}
-SELECT intent.*, event.digest FROM intent, event{job_source}
+SELECT true, intent.*, event.digest FROM intent, event{job_source}
+UNION ALL
+SELECT false, """
+    + ", ".join(INTENT_COLUMNS)
+    + ", "
+    + HEAD_DIGEST
+    + """
+FROM effect_intents
+WHERE tenant_id = %s AND operation_key = %s AND NOT EXISTS (SELECT FROM intent)
 """
 )
 

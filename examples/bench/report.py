@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from examples.bench.batch_figures import BatchCase, batch_table
 from examples.bench.http_figures import HttpFigures, target_rows
 from examples.bench.http_figures import table as http_table
+from examples.bench.parallel_submit import CLIENTS, MIN_RATIO, ParallelSubmits
 from examples.bench.scale import Plan
 from examples.bench.stats import LatencyCase, ThroughputCase, percentile, ratio
 
@@ -20,11 +21,11 @@ RATIOS: list[tuple[str, str, str, float | None, str]] = [
     ("floor_defer", "floor_insert", "insert floor", None, ""),
     ("handrolled_new", "floor_insert", "insert floor", None, ""),
     ("agent_ledger", "floor_insert", "insert floor", None, ""),
-    ("broker_submit", "floor_insert", "insert floor", 1.5, "max"),
-    ("broker_submit", "floor_defer", "bare defer", None, ""),
+    ("broker_submit", "floor_insert", "insert floor", 3.0, "max"),
+    ("broker_submit", "floor_defer", "bare defer", 1.25, "max"),
     ("broker_submit", "agent_ledger", "agent-ledger", 1.0, "below"),
     ("broker_replay", "broker_submit", "new-key submit", 1.0, "max"),
-    ("broker_replay", "handrolled_replay", "hand-rolled replay", None, ""),
+    ("broker_replay", "handrolled_replay", "hand-rolled replay", 1.0, "max"),
     ("broker_inline", "handrolled_new", "hand-rolled", None, ""),
     ("broker_e2e", "floor_job", "bare job", None, ""),
 ]
@@ -96,6 +97,7 @@ class BenchResult:
     batches: list[BatchCase] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
+    parallel: ParallelSubmits | None = None
 
     def median(self, key: str) -> float:
         """Median latency of a case (NaN when it did not run)."""
@@ -146,6 +148,16 @@ def evaluate(result: BenchResult) -> list[Target]:
             _x(value),
             f"≥ {E2E_MIN_RATIO:g}x",
             None if math.isnan(value) else value >= E2E_MIN_RATIO,
+        )
+    )
+    value = result.parallel.ratio() if result.parallel else math.nan
+    targets.append(
+        Target(
+            f"submits/s with {CLIENTS} client processes vs 1",
+            _x(value),
+            f"≥ {MIN_RATIO:g}x",
+            None if math.isnan(value) else value >= MIN_RATIO,
+            result.parallel.detail() if result.parallel else "",
         )
     )
     if len(result.scales) >= 2:
@@ -431,6 +443,7 @@ def to_json(result: BenchResult, targets: list[Target]) -> dict[str, Any]:
         "options": result.options,
         "latency": [case.to_json() for case in result.latency.values()],
         "throughput": [case.to_json() for case in result.throughput.values()],
+        "parallel_submit": result.parallel.to_json() if result.parallel else None,
         "ratios": ratios,
         "scale": [s.to_json() for s in result.scales],
         "batch_submit": [b.to_json() for b in result.batches],

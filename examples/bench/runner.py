@@ -18,8 +18,8 @@ from django.conf import settings
 
 from effect_broker.domain.contracts import load_contracts
 from effect_broker.services import runtime
-from examples.bench import batch_submit, phases, wal_meter
-from examples.bench.broker_cases import BrokerCases, bench_tenant
+from examples.bench import batch_submit, parallel_submit, phases, wal_meter
+from examples.bench.broker_cases import ARGUMENTS, BrokerCases, bench_tenant
 from examples.bench.call_profiles import profiles
 from examples.bench.chart import matplotlib_missing, write_chart
 from examples.bench.environment import (
@@ -30,6 +30,7 @@ from examples.bench.environment import (
 )
 from examples.bench.http_phase import http_path
 from examples.bench.options import BenchOptions
+from examples.bench.parallel_submit import CLIENTS
 from examples.bench.pipeline import Pipeline
 from examples.bench.report import BenchResult, evaluate, markdown, to_json
 
@@ -81,7 +82,7 @@ def _clean(value: Any) -> Any:
 
 def run(out: Output, opts: BenchOptions) -> int:
     """Run every phase; print progress, then the report; return the exit code."""
-    steps = 7 + bool(opts.scales) + bool(opts.http_levels)
+    steps = 8 + bool(opts.scales) + bool(opts.http_levels)
     progress = Progress(out, steps)
     load = os.getloadavg()[0]
     if load > (os.cpu_count() or 1) * 0.5:
@@ -141,6 +142,16 @@ def run(out: Output, opts: BenchOptions) -> int:
                     cases,
                     repetitions=opts.repetitions,
                     samples=opts.samples,
+                    say=progress.say,
+                )
+                progress.next(f"submits/s from 1 and {CLIENTS} client processes")
+                result.parallel = parallel_submit.measure(
+                    services.worker_env(),
+                    cases.tenant_id,
+                    cases.tool,
+                    ARGUMENTS,
+                    rounds=opts.bursts,
+                    window=2.0 if opts.quick else 5.0,
                     say=progress.say,
                 )
                 progress.next("profiling a submit and a dispatch")

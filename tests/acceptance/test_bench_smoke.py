@@ -97,9 +97,12 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
     assert [s["label"] for s in report["scale"]] == ["1k"]
     assert report["plans"]
     assert all(isinstance(p["seq_scan_on_effect_intents"], bool) for p in report["plans"])
-    assert len(report["targets"]) == 12
+    # 12 of issue 5 and the HTTP path, 2 of commits/WAL, 3 of issue 13's submit rows
+    assert len(report["targets"]) == 17
     names = [t["target"] for t in report["targets"]]
     assert all(name in names for name in HTTP_TARGETS), names
+    assert "submits/s with 8 client processes vs 1" in names
+    assert report["parallel_submit"]["submits_per_second"].keys() == {"1", "8"}
     http = report["http"]
     assert {(r["case"], r["concurrency"]) for r in http["results"]} == {
         (case, level) for case in ("healthz", "submit") for level in (1, 4)
