@@ -350,9 +350,10 @@ PROCRASTINATE_WORKER_DEFAULTS = {
     ),
     "stalled_worker_timeout": EFFECT_BROKER_TIMING["stalled_job_seconds"],
     # An idle worker also polls (procrastinate's default: every 5 s): a job scheduled
-    # for later (a reconcile due at the settlement deadline) starts at the next poll,
-    # and so does one whose NOTIFY arrived while the worker was busy fetching
-    # (docs/benchmarks.md: up to 5 s added to reconciliation and to p99 latency).
+    # for later (a reconcile due at the settlement deadline) starts at the next poll
+    # (docs/benchmarks.md: up to 5 s added to reconciliation). A NOTIFY procrastinate
+    # loses (one that lands during a fetch, or a job skipped for a lock) no longer
+    # waits for it: effect_broker.workers.wakeups.
     "fetch_job_polling_interval": _seconds("EFFECT_BROKER_JOB_POLL_SECONDS", 1.0),
     "shutdown_graceful_timeout": 30.0,
 }

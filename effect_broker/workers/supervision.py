@@ -41,6 +41,8 @@ import psycopg
 from procrastinate import App
 from procrastinate.worker import Worker
 
+from effect_broker.workers.wakeups import WakeKeepingWorker
+
 logger = logging.getLogger(__name__)
 
 #: Every queue the broker's tasks use (``effect_broker.tasks``); a unit test checks
@@ -148,8 +150,9 @@ class _StopReason(logging.Handler):
                 )
 
 
-class _SupervisedWorker(Worker):
-    """procrastinate's worker, telling the supervisor when it stops itself."""
+class _SupervisedWorker(WakeKeepingWorker):
+    """procrastinate's worker (without its lost wake-up), telling the supervisor when
+    it stops itself."""
 
     def __init__(self, on_own_stop: Callable[[], None], **options: Any) -> None:
         super().__init__(**options)

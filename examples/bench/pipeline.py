@@ -30,8 +30,9 @@ class Burst:
 
     #: Items per second between the 10th and the 90th percentile completion: the
     #: steady state, without the ramp-up and without the tail, where an idle worker
-    #: may wait for its next poll (procrastinate can miss a NOTIFY that arrives while
-    #: it fetches; see docs/benchmarks.md).
+    #: may wait for its next poll (a job scheduled for later; procrastinate's own
+    #: worker also misses a NOTIFY that arrives while it fetches, which the broker's
+    #: worker does not: effect_broker.workers.wakeups).
     steady_rate: float
     #: Items per second from the first submit to the last completion.
     overall_rate: float

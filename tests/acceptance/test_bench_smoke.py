@@ -97,9 +97,13 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
     assert [s["label"] for s in report["scale"]] == ["1k"]
     assert report["plans"]
     assert all(isinstance(p["seq_scan_on_effect_intents"], bool) for p in report["plans"])
-    # 12 of issue 5 and the HTTP path, 2 of commits/WAL, 3 of issue 13's submit rows
-    assert len(report["targets"]) == 17
+    # 12 of issue 5 and the HTTP path, 2 of commits/WAL, 3 of issue 13's submit rows,
+    # 2 of issue 13's one-at-a-time end-to-end rows
+    assert len(report["targets"]) == 19
     names = [t["target"] for t in report["targets"]]
+    one_at_a_time = "end to end, 1 worker: submit → receipt"
+    assert f"{one_at_a_time} vs bare job" in names
+    assert f"{one_at_a_time}: p99 / p50 (no lost-NOTIFY stall)" in names
     assert all(name in names for name in HTTP_TARGETS), names
     assert "submits/s with 8 client processes vs 1" in names
     assert report["parallel_submit"]["submits_per_second"].keys() == {"1", "8"}

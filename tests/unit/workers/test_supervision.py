@@ -9,7 +9,9 @@ from effect_broker.workers.supervision import (
     BROKER_QUEUES,
     RECONCILER_QUEUES,
     Backoff,
+    _SupervisedWorker,
 )
+from effect_broker.workers.wakeups import WakeKeepingWorker
 
 
 def test_the_backoff_doubles_from_its_start_up_to_its_cap() -> None:
@@ -37,3 +39,8 @@ def test_the_worker_runs_every_queue_the_broker_defers_to() -> None:
 def test_the_reconciler_never_dispatches() -> None:
     assert set(RECONCILER_QUEUES) == {"reconcile", "maintenance"}
     assert "dispatch" not in RECONCILER_QUEUES
+
+
+def test_the_supervised_worker_does_not_lose_a_wake_up() -> None:
+    # tests/integration/test_worker_wakeups.py proves WakeKeepingWorker's fix.
+    assert issubclass(_SupervisedWorker, WakeKeepingWorker)
