@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from examples.bench.scale import Plan
+from examples.bench.soak_report import SoakResult, soak_table, soak_targets
 from examples.bench.stats import LatencyCase, ThroughputCase, percentile, ratio
 
 #: (case, reference case, how the ratio reads, target limit or None, kind of limit)
@@ -87,6 +88,7 @@ class BenchResult:
     profiles: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
+    soak: SoakResult | None = None
 
     def median(self, key: str) -> float:
         """Median latency of a case (NaN when it did not run)."""
@@ -114,6 +116,8 @@ def _check(value: float, limit: float | None, kind: str) -> bool | None:
 def evaluate(result: BenchResult) -> list[Target]:
     """The targets of issue 5, each with what this run measured."""
     targets: list[Target] = []
+    if result.soak is not None:  # a soak run measures only the soak
+        return [Target(*row) for row in soak_targets(result.soak)]
     for case, ref, reads, limit, kind in RATIOS:
         if limit is None:
             continue
@@ -383,6 +387,10 @@ def markdown(result: BenchResult, targets: list[Target]) -> str:
         for name, profile in result.profiles.items():
             parts += [profile_table(name, profile), ""]
         parts.pop()
+    if result.soak is not None:
+        machine_and_server = "\n".join(header(result).splitlines()[:2])
+        parts = ["## effect-broker bench --soak", "", machine_and_server, "", "### Soak"]
+        parts += ["", soak_table(result.soak)]
     parts += ["", "### Targets", "", targets_table(targets)]
     if result.notes:
         parts += ["", "Notes:", *[f"- {note}" for note in result.notes]]
@@ -428,4 +436,5 @@ def to_json(result: BenchResult, targets: list[Target]) -> dict[str, Any]:
             for t in targets
         ],
         "notes": result.notes,
+        "soak": result.soak.to_json() if result.soak else None,
     }

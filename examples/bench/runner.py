@@ -80,6 +80,10 @@ def _clean(value: Any) -> Any:
 
 def run(out: Output, opts: BenchOptions) -> int:
     """Run every phase; print progress, then the report; return the exit code."""
+    if opts.soak is not None:
+        from examples.bench.soak_run import run_soak_bench
+
+        return run_soak_bench(out, opts)
     steps = 5 + bool(opts.scales)
     progress = Progress(out, steps)
     load = os.getloadavg()[0]
