@@ -41,9 +41,10 @@ from examples.crash_matrix.workers import FAST_RECOVERY, WorkerProcess, wait_unt
 Say = Callable[[str], None]
 TOOL = TOOLS["idempotent"]
 TARGET_MODE = "idempotent"
-#: Worker settings a soak passes on from its own environment (job retention, once the
-#: broker has it), so a run can show the job tables with and without it.
-PASSED_ON_PREFIXES = ("EFFECT_BROKER_JOB_RETENTION_",)
+#: Worker settings a soak passes on from its own environment (the job settings, job
+#: retention among them once the broker has it), so a run can show the job tables with
+#: and without it. Everything else EFFECT_BROKER_* is the bench's own (broker_env).
+PASSED_ON_PREFIXES = ("EFFECT_BROKER_JOB_",)
 FINAL = [str(s) for s in TERMINAL_STATUSES]
 #: Seconds between checks for finished windows (each check reads one window's rows).
 CHECK_SECONDS = 1.0

@@ -68,7 +68,7 @@ class SoakResult:
     #: Largest procrastinate_jobs row count sampled during the run.
     jobs_max: int = 0
     jobs_end: int = 0
-    #: EFFECT_BROKER_JOB_RETENTION_* settings handed to the workers.
+    #: EFFECT_BROKER_JOB_* settings (job retention among them) handed to the workers.
     retention_env: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -206,10 +206,11 @@ def soak_table(soak: SoakResult) -> str:
         "(a kill mid-send) and were settled by the contract; target rows "
         f"{soak.target_rows:,} with {soak.target_keys:,} distinct keys for "
         f"{soak.succeeded:,} succeeded effects; procrastinate_jobs {soak.jobs_end:,} "
-        f"rows (largest during the run {soak.jobs_max:,}); job retention "
+        f"rows (largest during the run {soak.jobs_max:,}); job settings passed to the "
+        "workers: "
         + (
             ", ".join(f"{k}={v}" for k, v in sorted(soak.retention_env.items()))
-            or "not configured"
+            or "none (no job retention)"
         )
         + ".",
     ]
