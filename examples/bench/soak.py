@@ -238,7 +238,7 @@ class Soak:
                 workers.check_alive()
                 self._report_finished(workers, start)
                 waited = time.monotonic()
-                while len(self.all_ids) - self._finished_count() > opts.max_backlog:
+                while self._unfinished(window) > opts.max_backlog:
                     time.sleep(CHECK_SECONDS)
                     self._report_finished(workers, start)
                 backlog_waits += time.monotonic() - waited
@@ -261,9 +261,14 @@ class Soak:
                 f"keep up with {opts.rate:g}/s)"
             )
 
-    def _finished_count(self) -> int:
-        """Effects in reported windows, plus the final ones of the oldest pending."""
-        return self.reported + sum(_final_count(self.db, w.ids) for w in self.pending[:1])
+    def _unfinished(self, current: _Pending) -> int:
+        """Effects submitted but not yet final (queries only when it may matter)."""
+        unreported = len(self.all_ids) - self.reported
+        if unreported <= self.opts.max_backlog:
+            return unreported
+        return sum(
+            len(w.ids) - _final_count(self.db, w.ids) for w in [*self.pending, current]
+        )
 
     def _report_finished(self, workers: _Workers, start: float) -> None:
         """Report the oldest pending windows whose effects are all final."""
