@@ -224,8 +224,11 @@ class Soak:
         next_check = start + CHECK_SECONDS
         window = _Pending(0)
         backlog_waits = 0.0
+        #: Seconds the schedule moved on for pauses: after one the submitter resumes its
+        #: pace instead of bursting to catch up with the effects it did not submit.
+        shift = 0.0
         for i in range(opts.effects):
-            due = start + i / opts.rate
+            due = start + shift + i / opts.rate
             now = time.monotonic()
             if due > now:
                 time.sleep(due - now)
@@ -242,6 +245,7 @@ class Soak:
                     time.sleep(CHECK_SECONDS)
                     self._report_finished(workers, start)
                 backlog_waits += time.monotonic() - waited
+                shift += max(0.0, time.monotonic() - due)
                 next_check = time.monotonic() + CHECK_SECONDS
             request = self.cases.request(self.cases.key("soak", i))
             t0 = time.perf_counter()
