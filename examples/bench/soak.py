@@ -44,7 +44,7 @@ TARGET_MODE = "idempotent"
 #: Worker settings a soak passes on from its own environment (the job settings, job
 #: retention among them once the broker has it), so a run can show the job tables with
 #: and without it. Everything else EFFECT_BROKER_* is the bench's own (broker_env).
-PASSED_ON_PREFIXES = ("EFFECT_BROKER_JOB_",)
+PASSED_ON_PREFIXES = ("EFFECT_BROKER_JOB_", "EFFECT_BROKER_FAILED_JOB_")
 FINAL = [str(s) for s in TERMINAL_STATUSES]
 #: Seconds between checks for finished windows (each check reads one window's rows).
 CHECK_SECONDS = 1.0
