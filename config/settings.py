@@ -205,6 +205,9 @@ EFFECT_BROKER_ARGUMENT_LIMITS = {
     "max_depth": _positive_int("EFFECT_BROKER_MAX_ARGUMENT_DEPTH", 20),
     "max_string_length": _positive_int("EFFECT_BROKER_MAX_ARGUMENT_STRING_LENGTH", 65536),
 }
+#: Most items one batch submit may carry (effect_broker.services.batch_submission;
+#: issue 13); a larger batch is refused whole (400 invalid_request, ``limit``).
+EFFECT_BROKER_MAX_BATCH_ITEMS = _positive_int("EFFECT_BROKER_MAX_BATCH_ITEMS", 100)
 #: Per-tenant submits per second in each API process (0 turns the limit off) and the
 #: burst a quiet tenant may spend at once (effect_broker.api.rate_limit; issue 12).
 EFFECT_BROKER_TENANT_SUBMIT_RATE = _non_negative(

@@ -76,9 +76,11 @@ class StrictJsonParser(Parser):
         return value
 
 
-def problem_body(status: int, code: str, detail: str, **extra: object) -> bytes:
-    """The RFC 9457 problem document, as the bytes sent."""
-    body = {
+def problem_document(
+    status: int, code: str, detail: str, **extra: object
+) -> dict[str, object]:
+    """The RFC 9457 problem document."""
+    return {
         "type": f"https://effect-broker.invalid/problems/{code}",
         "title": code.replace("_", " "),
         "status": status,
@@ -86,7 +88,11 @@ def problem_body(status: int, code: str, detail: str, **extra: object) -> bytes:
         "detail": detail,
         **extra,
     }
-    return canonical_json(body)
+
+
+def problem_body(status: int, code: str, detail: str, **extra: object) -> bytes:
+    """The RFC 9457 problem document, as the bytes sent."""
+    return canonical_json(problem_document(status, code, detail, **extra))
 
 
 def problem(status: int, code: str, detail: str, **extra: object) -> HttpResponse:
@@ -147,15 +153,24 @@ def capacity_reason(exc: BaseException) -> str | None:
     return None
 
 
-def domain_error(request: HttpRequest, exc: EffectBrokerError) -> HttpResponse:
-    """A domain error as its problem: its code, message and scalar details."""
+def _problem_details(exc: EffectBrokerError) -> dict[str, object]:
     # A detail named like a problem member (e.g. "status") must not replace it.
-    safe = {
+    return {
         k: v
         for k, v in exc.details.items()
         if isinstance(v, str | int | bool) and k not in _PROBLEM_MEMBERS
     }
-    response = problem(exc.http_status, exc.code, str(exc), **safe)
+
+
+def domain_problem(exc: EffectBrokerError) -> dict[str, object]:
+    """A domain error as the problem document ``domain_error`` would send, for an
+    answer that carries problems inside it (a batch item's conflict)."""
+    return problem_document(exc.http_status, exc.code, str(exc), **_problem_details(exc))
+
+
+def domain_error(request: HttpRequest, exc: EffectBrokerError) -> HttpResponse:
+    """A domain error as its problem: its code, message and scalar details."""
+    response = problem(exc.http_status, exc.code, str(exc), **_problem_details(exc))
     # A refusal that names when to come back (rate_limited) says so in the header
     # clients and proxies read, not only in the body.
     if isinstance(wait := exc.details.get("retry_after_seconds"), int):

@@ -11,6 +11,9 @@ the setting (README "Configuration"). Keeping the count in PostgreSQL would make
 limit exact but would add a statement to every submit, the path issue 13 is paring
 down; a per-process bucket bounds what one process spends on one tenant, which is the
 resource being protected.
+
+A batch submit (``effect_batch``) costs one token per item plus the body's: its body
+is charged here at authentication like a submit's, its other items once it is parsed.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ class TenantRateLimiter:
         self._clock = clock
         self._buckets: dict[str, TokenBucket] = {}
         self._lock = threading.Lock()
+
+    @property
+    def burst(self) -> float:
+        """The most tokens one charge can take (a larger cost is charged as this)."""
+        return self._limit.burst
 
     def charge(self, tenant_id: str, cost: float = 1.0) -> None:
         """Take ``cost`` from the tenant's bucket; raise ``RateLimitedError`` if short.

@@ -72,7 +72,14 @@ from effect_broker.client.errors import (
     WaitTimeout,
 )
 from effect_broker.client.http_client import AsyncBrokerClient, BrokerClient
-from effect_broker.client.models import Effect, History, HistoryEvent, Receipt
+from effect_broker.client.models import (
+    BatchItem,
+    BatchResult,
+    Effect,
+    History,
+    HistoryEvent,
+    Receipt,
+)
 from effect_broker.client.retrying import NO_RETRY, RetryPolicy
 
 if TYPE_CHECKING:
@@ -87,6 +94,8 @@ __all__ = [
     "AppendOnly",
     "ArgumentsTooLarge",
     "AsyncBrokerClient",
+    "BatchItem",
+    "BatchResult",
     "BrokerClient",
     "BrokerError",
     "BrokerUnavailable",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -18,7 +18,7 @@ import httpx
 
 from effect_broker.client import wire
 from effect_broker.client.base import AsyncBrokerOps, SyncBrokerOps
-from effect_broker.client.models import Effect, History, Receipt
+from effect_broker.client.models import BatchItem, BatchResult, Effect, History, Receipt
 from effect_broker.client.retrying import (
     RetryPolicy,
     is_transient,
@@ -145,6 +145,17 @@ class BrokerClient(SyncBrokerOps):
         )
         return Effect.from_wire(self._send("POST", wire.EFFECTS, content=body))
 
+    def submit_many(self, items: Sequence[BatchItem]) -> list[BatchResult]:
+        """``POST /v1/effects/batch``: reserve many effects in one request and one
+        commit; a ``BatchResult`` per item, in order (created, replayed or conflict).
+
+        An invalid item refuses the whole batch (its typed error, ``extras["item"]``
+        its index), and nothing is written. Resent like ``submit``: every item is
+        keyed, so a resend replays what the first attempt reserved.
+        """
+        body = wire.batch_body(items)
+        return wire.batch_results(self._send("POST", wire.EFFECTS_BATCH, content=body))
+
     def get(self, effect_id: str) -> Effect:
         """``GET /v1/effects/{id}``."""
         return Effect.from_wire(self._send("GET", wire.effect_path(effect_id)))
@@ -251,6 +262,13 @@ class AsyncBrokerClient(AsyncBrokerOps):
             operation_key, tool, arguments, trace_id=trace_id, requested_by=requested_by
         )
         return Effect.from_wire(await self._send("POST", wire.EFFECTS, content=body))
+
+    async def submit_many(self, items: Sequence[BatchItem]) -> list[BatchResult]:
+        """``POST /v1/effects/batch``; see ``BrokerClient.submit_many``."""
+        body = wire.batch_body(items)
+        return wire.batch_results(
+            await self._send("POST", wire.EFFECTS_BATCH, content=body)
+        )
 
     async def get(self, effect_id: str) -> Effect:
         """``GET /v1/effects/{id}``."""

@@ -13,18 +13,26 @@ worker, as for an HTTP submit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 from effect_broker.client.base import SyncBrokerOps
 from effect_broker.client.errors import from_domain
-from effect_broker.client.models import Effect, History, HistoryEvent, Receipt
+from effect_broker.client.models import (
+    BatchItem,
+    BatchResult,
+    Effect,
+    History,
+    HistoryEvent,
+    Receipt,
+)
 from effect_broker.domain.errors import EffectBrokerError
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.models import Tenant
 from effect_broker.services import inspection
+from effect_broker.services.batch_submission import CREATED, REPLAYED, submit_many
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import authenticate
 
@@ -105,6 +113,35 @@ class InProcessClient(SyncBrokerOps):
         return _effect(
             reservation.effect, created=reservation.created, replayed=reservation.replayed
         )
+
+    def submit_many(self, items: Sequence[BatchItem]) -> list[BatchResult]:
+        """Reserve many effects in one commit, a result per item (the service behind
+        ``POST /v1/effects/batch``); see ``BrokerClient.submit_many``."""
+        requests = [
+            EffectRequest(
+                operation_key=item.operation_key,
+                tool=item.tool,
+                arguments=item.arguments,
+                requested_by=item.requested_by,
+                trace_id=item.trace_id,
+            )
+            for item in items
+        ]
+        with _typed_errors():
+            results = submit_many(self.tenant, requests)
+        return [
+            BatchResult(
+                index=r.index,
+                outcome=r.outcome,
+                effect=None
+                if r.effect is None
+                else _effect(
+                    r.effect, created=r.outcome == CREATED, replayed=r.outcome == REPLAYED
+                ),
+                error=None if r.error is None else from_domain(r.error),
+            )
+            for r in results
+        ]
 
     def get(self, effect_id: str) -> Effect:
         """One effect of this tenant, with its fork links."""

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from effect_broker.client.errors import BrokerError, from_problem
+
 #: Statuses that will not change again on their own (a receipt exists or never will).
 SETTLED_STATUSES = frozenset({"succeeded", "failed_final", "compensated"})
 #: Statuses in which the broker is still finding out whether the effect happened.
@@ -181,4 +183,52 @@ class History:
             version=int(body["version"]),
             chain_verified=bool(body["chain_verified"]),
             events=tuple(HistoryEvent.from_wire(e) for e in body.get("events") or ()),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItem:
+    """One item of a batch submit: what ``submit`` takes, as a value."""
+
+    operation_key: str
+    tool: str
+    arguments: Mapping[str, Any]
+    trace_id: str | None = None
+    requested_by: str = ""
+
+
+#: A batch item's outcomes (``BatchResult.outcome``).
+CREATED, REPLAYED, CONFLICT = "created", "replayed", "conflict"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """One item's answer in a batch: ``created`` or ``replayed`` with its ``effect``,
+    or ``conflict`` with the ``error`` a single submit of it would have raised
+    (``PayloadConflict``, or ``UnknownContract`` for a pinned contract now gone)."""
+
+    index: int
+    outcome: str
+    effect: Effect | None = None
+    error: BrokerError | None = None
+
+    def unwrap(self) -> Effect:
+        """The item's effect, or raise its error (what ``submit`` would have done)."""
+        if self.effect is not None:
+            return self.effect
+        raise self.error or BrokerError(f"batch item {self.index}: {self.outcome}")
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> BatchResult:
+        """Parse one item of the broker's batch answer."""
+        effect, problem = body.get("effect"), body.get("problem")
+        return cls(
+            index=int(body["index"]),
+            outcome=str(body["outcome"]),
+            effect=Effect.from_wire(effect) if isinstance(effect, Mapping) else None,
+            error=(
+                from_problem(int(problem.get("status") or 409), problem)
+                if isinstance(problem, Mapping)
+                else None
+            ),
         )

@@ -8,7 +8,7 @@ Paths and JSON are the broker's own (``effect_broker/api/effects.py``); an error
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -21,11 +21,13 @@ from effect_broker.client.errors import (
     from_domain,
     from_problem,
 )
+from effect_broker.client.models import BatchItem, BatchResult
 from effect_broker.domain.canonical import canonical_json
 from effect_broker.domain.errors import EffectBrokerError, InvalidRequestError
 from effect_broker.domain.keys import validate_operation_key
 
 EFFECTS = "/v1/effects"
+EFFECTS_BATCH = "/v1/effects/batch"
 USER_AGENT = f"effect-broker-python/{__version__}"
 
 
@@ -43,6 +45,56 @@ def effect_path(effect_id: str, *rest: str) -> str:
     return "/".join((EFFECTS, quote(str(effect_id), safe=""), *rest))
 
 
+def _submit_fields(
+    operation_key: str,
+    tool: str,
+    arguments: Mapping[str, Any],
+    *,
+    trace_id: str | None,
+    requested_by: str,
+) -> dict[str, Any]:
+    validate_operation_key(operation_key)
+    if not isinstance(arguments, Mapping):
+        # The service's own refusal, so both clients raise the same InvalidRequest.
+        raise InvalidRequestError("arguments must be a JSON object")
+    return {
+        "operation_key": operation_key,
+        "tool": tool,
+        "arguments": dict(arguments),
+        "trace_id": trace_id,
+        "requested_by": requested_by,
+    }
+
+
+def batch_body(items: Sequence[BatchItem]) -> bytes:
+    """The canonical JSON body of a batch submit, every item checked locally as
+    ``submit_body`` checks one (the error names the item by index, as the broker's)."""
+    fields = []
+    for index, item in enumerate(items):
+        try:
+            fields.append(
+                _submit_fields(
+                    item.operation_key,
+                    item.tool,
+                    item.arguments,
+                    trace_id=item.trace_id,
+                    requested_by=item.requested_by,
+                )
+            )
+        except EffectBrokerError as exc:
+            exc.details.setdefault("item", index)
+            raise from_domain(exc) from exc
+    try:
+        return canonical_json({"items": fields})
+    except EffectBrokerError as exc:
+        raise from_domain(exc) from exc
+
+
+def batch_results(body: Mapping[str, Any]) -> list[BatchResult]:
+    """The results of a batch answer, in the order the items were sent."""
+    return [BatchResult.from_wire(item) for item in body.get("items") or ()]
+
+
 def submit_body(
     operation_key: str,
     tool: str,
@@ -58,18 +110,14 @@ def submit_body(
     request, with the broker's own error and code.
     """
     try:
-        validate_operation_key(operation_key)
-        if not isinstance(arguments, Mapping):
-            # The service's own refusal, so both clients raise the same InvalidRequest.
-            raise InvalidRequestError("arguments must be a JSON object")
         return canonical_json(
-            {
-                "operation_key": operation_key,
-                "tool": tool,
-                "arguments": dict(arguments),
-                "trace_id": trace_id,
-                "requested_by": requested_by,
-            }
+            _submit_fields(
+                operation_key,
+                tool,
+                arguments,
+                trace_id=trace_id,
+                requested_by=requested_by,
+            )
         )
     except EffectBrokerError as exc:
         raise from_domain(exc) from exc

@@ -21,6 +21,7 @@ the payload to that identity so a reused key with a different payload is a confl
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 from collections.abc import Mapping
@@ -83,12 +84,7 @@ def derive_request_hash_key(master_key: bytes, tenant_id: str) -> bytes:
     # Keyed by tenant id, not by hmac_key_id: rotating the downstream-key HMAC key must
     # not turn every replay into a conflict. A label of its own keeps the two keys
     # independent (one never reveals the other).
-    return HKDF(
-        algorithm=hashes.SHA256(),
-        length=32,
-        salt=None,
-        info=REQUEST_HASH_INFO_PREFIX + tenant_id.encode("utf-8"),
-    ).derive(master_key)
+    return _hkdf_sha256(master_key, REQUEST_HASH_INFO_PREFIX + tenant_id.encode("utf-8"))
 
 
 def keyed_request_hash(
@@ -115,12 +111,20 @@ def derive_tenant_hmac_key(master_key: bytes, hmac_key_id: str) -> bytes:
     _check_master_key(master_key)
     # Deriving (rather than storing) tenant keys means a database dump alone cannot
     # forge downstream keys; the key id lets a tenant's key rotate independently.
-    return HKDF(
-        algorithm=hashes.SHA256(),
-        length=32,
-        salt=None,
-        info=TENANT_HMAC_INFO_PREFIX + hmac_key_id.encode("utf-8"),
-    ).derive(master_key)
+    return _hkdf_sha256(master_key, TENANT_HMAC_INFO_PREFIX + hmac_key_id.encode("utf-8"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _hkdf_sha256(master_key: bytes, info: bytes) -> bytes:
+    """32 bytes of HKDF-SHA256 (no salt) of ``master_key`` under ``info``.
+
+    Cached: every submit derives two keys (request hash, downstream key) and HKDF is
+    the costliest of its pure-Python steps (issue 13); the output is a pure function of
+    the inputs, and the process already holds the master key they derive from.
+    """
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(
+        master_key
+    )
 
 
 def _check_master_key(master_key: bytes) -> None:

@@ -156,7 +156,8 @@ def reserve(
 
     The intent, its ``reserved`` event and ``job`` (if given) are one statement: in
     autocommit that is one round trip and one commit; inside a caller's transaction it
-    commits or rolls back with it.
+    commits or rolls back with it. A replay is answered by the same statement; only a
+    concurrent insert of the same key that commits after it started reads twice.
     """
     event, _ = _event_params(
         intent.effect_id,
@@ -206,11 +207,14 @@ def reserve(
         ]
     else:
         statement = sql.RESERVE_INTENT.format(job="", job_source="")
+    params += [intent.tenant_id, intent.operation_key]
     with connection.cursor() as cur:
         cur.execute(statement, params)
         row = cur.fetchone()
         if row is not None:
-            return record_from_row(row), True
+            return record_from_row(row[1:]), bool(row[0])
+        # Both branches empty: ON CONFLICT waited for a concurrent inserter of this key
+        # whose commit this statement's snapshot predates. A new statement sees it.
         cur.execute(sql.SELECT_INTENT_BY_KEY, [intent.tenant_id, intent.operation_key])
         existing = cur.fetchone()
     if existing is None:  # pragma: no cover - a conflict implies the row exists

@@ -56,6 +56,12 @@ class BrokerCases:
         assert reservation.created
         return reservation.effect
 
+    def submit_new_as(self, operation_key: str) -> EffectRecord:
+        """Submit ``operation_key``, never seen before."""
+        reservation = submit(self.tenant, self.request(operation_key))
+        assert reservation.created
+        return reservation.effect
+
     def submit_replay(self, i: int) -> EffectRecord:
         """Submit key ``new:i`` again with the same payload: the existing effect."""
         reservation = submit(self.tenant, self.request(self.key("new", i)))

@@ -154,7 +154,7 @@ def _run(args: argparse.Namespace, db: Any) -> dict[str, Any]:
             tenant, SIMULATED_TOOL, 50 if args.quick else 200
         )
 
-    env = _server_env(db.url, contracts, get_runtime().master_key)
+    env = server_env(db.url, contracts, get_runtime().master_key)
     tuned = {k: v for k, v in os.environ.items() if k.startswith("EFFECT_BROKER_API_")}
     servers: dict[str, ApiServer] = {}
     sampler = ConnectionSampler(db.admin_url, db.name)
@@ -248,7 +248,7 @@ def _progress(r: Any) -> str:
     )
 
 
-def _server_env(database_url: str, contracts: Path, master_key: bytes) -> dict[str, str]:
+def server_env(database_url: str, contracts: Path, master_key: bytes) -> dict[str, str]:
     """The API processes' environment: this machine's, minus any broker settings,
     plus the scratch database, the bench contracts and the bench's master key."""
     env = {

@@ -18,8 +18,17 @@ DEFAULTS: dict[str, Any] = {
     "samples": 200,
     "items": 200,
     "scale": "10k,1m",
+    "http_levels": "1,8,32,256",
+    "http_seconds": 3.0,
 }
-QUICK: dict[str, Any] = {"repetitions": 2, "samples": 20, "items": 40, "scale": "10k"}
+QUICK: dict[str, Any] = {
+    "repetitions": 2,
+    "samples": 20,
+    "items": 40,
+    "scale": "10k",
+    "http_levels": "1,8,256",
+    "http_seconds": 1.0,
+}
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,10 @@ class BenchOptions:
     scales: tuple[int, ...]
     reconcile_samples: int
     reconcilable_samples: int
+    #: Concurrency levels of the HTTP phase; empty: no HTTP phase.
+    http_levels: tuple[int, ...]
+    #: Measurement window per HTTP level (seconds; end to end twice this).
+    http_seconds: float
     json_path: Path | None
     png_path: Path | None
     #: ``--soak``: run only the soak (examples/bench/soak.py).
@@ -94,6 +107,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {DEFAULTS['scale']}, --quick {QUICK['scale']})",
     )
     parser.add_argument(
+        "--http-levels",
+        metavar="LIST",
+        help="concurrency levels of the HTTP phase (one uvicorn API process; end to "
+        "end with 2 workers); 'none' skips it "
+        f"(default {DEFAULTS['http_levels']}, --quick {QUICK['http_levels']})",
+    )
+    parser.add_argument(
+        "--http-seconds",
+        type=float,
+        metavar="S",
+        help="measurement window per HTTP level "
+        f"(default {DEFAULTS['http_seconds']:g}, --quick {QUICK['http_seconds']:g})",
+    )
+    parser.add_argument(
         "--json", type=Path, metavar="PATH", help="also write the results as JSON here"
     )
     parser.add_argument(
@@ -146,6 +173,18 @@ def from_cli(raw: dict[str, Any]) -> BenchOptions:
             scales = tuple(sorted({parse_scale(p) for p in scale_text.split(",")}))
         except ValueError as exc:
             raise InvalidRequestError(f"--scale: {exc}") from None
+    http_text = (raw.get("http_levels") or base["http_levels"]).strip().lower()
+    http_levels = (
+        ()
+        if http_text in {"none", "0", ""}
+        else _int_list(http_text, "http-levels", 1, 1024)
+    )
+    http_seconds = raw.get("http_seconds")
+    http_seconds = base["http_seconds"] if http_seconds is None else http_seconds
+    if not 0.1 <= http_seconds <= 30:
+        raise InvalidRequestError(
+            f"--http-seconds must be between 0.1 and 30, got {http_seconds:g}"
+        )
     json_path = raw.get("json")
     png_path = raw.get("png")
     if png_path is None and json_path is not None:
@@ -164,6 +203,8 @@ def from_cli(raw: dict[str, Any]) -> BenchOptions:
         scales=scales,
         reconcile_samples=max(1, min(30, samples)),
         reconcilable_samples=max(1, min(5, samples // 4)),
+        http_levels=http_levels,
+        http_seconds=float(http_seconds),
         json_path=Path(json_path) if json_path else None,
         png_path=Path(png_path) if png_path else None,
         soak=soak_from_cli(raw),

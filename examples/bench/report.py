@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from examples.bench.batch_figures import BatchCase, batch_table
+from examples.bench.http_figures import HttpFigures, target_rows
+from examples.bench.http_figures import table as http_table
+from examples.bench.parallel_submit import CLIENTS, MIN_RATIO, ParallelSubmits
 from examples.bench.scale import Plan
 from examples.bench.soak_report import SoakResult, soak_table, soak_targets
 from examples.bench.stats import LatencyCase, ThroughputCase, percentile, ratio
+
+if TYPE_CHECKING:
+    from examples.bench.wal_commits import WalCommits
 
 #: (case, reference case, how the ratio reads, target limit or None, kind of limit)
 RATIOS: list[tuple[str, str, str, float | None, str]] = [
     ("floor_defer", "floor_insert", "insert floor", None, ""),
     ("handrolled_new", "floor_insert", "insert floor", None, ""),
     ("agent_ledger", "floor_insert", "insert floor", None, ""),
-    ("broker_submit", "floor_insert", "insert floor", 1.5, "max"),
-    ("broker_submit", "floor_defer", "bare defer", None, ""),
+    ("broker_submit", "floor_insert", "insert floor", 3.0, "max"),
+    ("broker_submit", "floor_defer", "bare defer", 1.25, "max"),
     ("broker_submit", "agent_ledger", "agent-ledger", 1.0, "below"),
     ("broker_replay", "broker_submit", "new-key submit", 1.0, "max"),
-    ("broker_replay", "handrolled_replay", "hand-rolled replay", None, ""),
+    ("broker_replay", "handrolled_replay", "hand-rolled replay", 1.0, "max"),
     ("broker_inline", "handrolled_new", "hand-rolled", None, ""),
     ("broker_e2e", "floor_job", "bare job", None, ""),
 ]
@@ -86,8 +93,12 @@ class BenchResult:
     plans: list[Plan] = field(default_factory=list)
     plans_at: str = ""
     profiles: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    http: HttpFigures | None = None
+    wal_commits: WalCommits | None = None
+    batches: list[BatchCase] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
+    parallel: ParallelSubmits | None = None
     soak: SoakResult | None = None
 
     def median(self, key: str) -> float:
@@ -143,6 +154,16 @@ def evaluate(result: BenchResult) -> list[Target]:
             None if math.isnan(value) else value >= E2E_MIN_RATIO,
         )
     )
+    value = result.parallel.ratio() if result.parallel else math.nan
+    targets.append(
+        Target(
+            f"submits/s with {CLIENTS} client processes vs 1",
+            _x(value),
+            f"≥ {MIN_RATIO:g}x",
+            None if math.isnan(value) else value >= MIN_RATIO,
+            result.parallel.detail() if result.parallel else "",
+        )
+    )
     if len(result.scales) >= 2:
         small, large = result.scales[0], result.scales[-1]
         for what in ("submit", "claim"):
@@ -165,6 +186,13 @@ def evaluate(result: BenchResult) -> list[Target]:
                     None,
                 )
             )
+    targets += [
+        Target(*row) for row in target_rows(result.http, result.median("broker_submit"))
+    ]
+    if result.wal_commits is not None:
+        targets += [Target(*row) for row in result.wal_commits.target_rows()]
+    else:
+        targets.append(Target("committed transactions per effect", "-", "≤ 8", None))
     seq = [plan.name for plan in result.plans if plan.seq_scan_on_effects]
     targets.append(
         Target(
@@ -378,10 +406,16 @@ def markdown(result: BenchResult, targets: list[Target]) -> str:
     ]
     if result.throughput:
         parts += ["", "### End to end throughput", "", throughput_table(result)]
+    if result.http is not None:
+        parts += ["", "### HTTP path", "", http_table(result.http)]
+    if result.batches:
+        parts += ["", "### Batch submit (effects/s)", "", batch_table(result.batches)]
     if result.scales:
         parts += ["", "### Scale", "", scale_table(result)]
     if result.plans:
         parts += ["", plans_table(result)]
+    if result.wal_commits is not None:
+        parts += ["", "### Commits and WAL per effect", "", result.wal_commits.table()]
     if result.profiles:
         parts += ["", "### Profile", ""]
         for name, profile in result.profiles.items():
@@ -417,8 +451,10 @@ def to_json(result: BenchResult, targets: list[Target]) -> dict[str, Any]:
         "options": result.options,
         "latency": [case.to_json() for case in result.latency.values()],
         "throughput": [case.to_json() for case in result.throughput.values()],
+        "parallel_submit": result.parallel.to_json() if result.parallel else None,
         "ratios": ratios,
         "scale": [s.to_json() for s in result.scales],
+        "batch_submit": [b.to_json() for b in result.batches],
         "plans_at": result.plans_at,
         "plans": [plan.to_json() for plan in result.plans],
         "profiles_ms": {
@@ -435,6 +471,8 @@ def to_json(result: BenchResult, targets: list[Target]) -> dict[str, Any]:
             }
             for t in targets
         ],
+        "http": result.http.to_json() if result.http else None,
+        "wal_commits": result.wal_commits.to_json() if result.wal_commits else None,
         "notes": result.notes,
         "soak": result.soak.to_json() if result.soak else None,
     }

@@ -18,8 +18,8 @@ from django.conf import settings
 
 from effect_broker.domain.contracts import load_contracts
 from effect_broker.services import runtime
-from examples.bench import phases
-from examples.bench.broker_cases import BrokerCases, bench_tenant
+from examples.bench import batch_submit, parallel_submit, phases, wal_meter
+from examples.bench.broker_cases import ARGUMENTS, BrokerCases, bench_tenant
 from examples.bench.call_profiles import profiles
 from examples.bench.chart import matplotlib_missing, write_chart
 from examples.bench.environment import (
@@ -28,7 +28,9 @@ from examples.bench.environment import (
     scratch_database,
     server_settings,
 )
+from examples.bench.http_phase import http_path
 from examples.bench.options import BenchOptions
+from examples.bench.parallel_submit import CLIENTS
 from examples.bench.pipeline import Pipeline
 from examples.bench.report import BenchResult, evaluate, markdown, to_json
 
@@ -84,7 +86,7 @@ def run(out: Output, opts: BenchOptions) -> int:
         from examples.bench.soak_run import run_soak_bench
 
         return run_soak_bench(out, opts)
-    steps = 5 + bool(opts.scales)
+    steps = 8 + bool(opts.scales) + bool(opts.http_levels)
     progress = Progress(out, steps)
     load = os.getloadavg()[0]
     if load > (os.cpu_count() or 1) * 0.5:
@@ -120,13 +122,42 @@ def run(out: Output, opts: BenchOptions) -> int:
                 pipeline = Pipeline(db.url, cases)
                 try:
                     phases.pipelines(result, opts, services, pipeline, progress.say)
+                    if opts.http_levels:
+                        progress.next(
+                            "HTTP: one API process, end to end with 2 workers, then "
+                            f"levels {','.join(map(str, opts.http_levels))}"
+                        )
+                        http_path(result, opts, services, db, pipeline, progress.say)
                 finally:
                     pipeline.close()
+                progress.next(
+                    "commits and WAL per effect (pg_stat_database, pg_stat_wal)"
+                )
+                result.wal_commits = wal_meter.measure(
+                    db, services, cases, items=opts.items, quick=opts.quick
+                )
                 progress.next(
                     "floors, hand-rolled table, agent-ledger and broker calls "
                     "(in this process, interleaved)"
                 )
                 phases.in_process(result, opts, cases, db.url, progress.say)
+                progress.next("batch submit: effects/s at batch sizes 1, 10, 100")
+                result.batches = batch_submit.measure(
+                    cases,
+                    repetitions=opts.repetitions,
+                    samples=opts.samples,
+                    say=progress.say,
+                )
+                progress.next(f"submits/s from 1 and {CLIENTS} client processes")
+                result.parallel = parallel_submit.measure(
+                    services.worker_env(),
+                    cases.tenant_id,
+                    cases.tool,
+                    ARGUMENTS,
+                    rounds=opts.bursts,
+                    window=2.0 if opts.quick else 5.0,
+                    say=progress.say,
+                )
                 progress.next("profiling a submit and a dispatch")
                 profiles(result, opts, cases)
                 if opts.scales:

@@ -37,7 +37,17 @@ LATENCY_KEYS = {
 }
 
 
-def run_bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+#: Issue 13's rows of the HTTP path, in the Targets table of every run.
+HTTP_TARGETS = (
+    "HTTP submit p50, concurrency 1, vs service-level submit + /healthz",
+    "HTTP submits/s, 1 API process, vs /healthz on the same server",
+    "PostgreSQL CPU per HTTP submit",
+    "open DB connections at concurrency 4, and errors",
+    "end-to-end effects/s, API + 2 workers, one box",
+)
+
+
+def run_bench(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     # The bench makes (and drops) its own scratch database on the test server.
     env = {**os.environ, "DATABASE_URL": url_from_settings(connection.settings_dict)}
     return subprocess.run(
@@ -60,6 +70,8 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
         "--items=5",
         "--workers=1",
         "--scale=1k",
+        "--http-levels=1,4",
+        "--http-seconds=0.3",
         f"--json={out}",
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -68,6 +80,7 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
         "## effect-broker bench",
         "### Per call",
         "### End to end throughput",
+        "### HTTP path",
         "### Scale",
         "### Profile",
         "### Targets",
@@ -84,9 +97,35 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
     assert [s["label"] for s in report["scale"]] == ["1k"]
     assert report["plans"]
     assert all(isinstance(p["seq_scan_on_effect_intents"], bool) for p in report["plans"])
-    assert len(report["targets"]) == 7
+    # 12 of issue 5 and the HTTP path, 2 of commits/WAL, 3 of issue 13's submit rows
+    assert len(report["targets"]) == 17
+    names = [t["target"] for t in report["targets"]]
+    assert all(name in names for name in HTTP_TARGETS), names
+    assert "submits/s with 8 client processes vs 1" in names
+    assert report["parallel_submit"]["submits_per_second"].keys() == {"1", "8"}
+    http = report["http"]
+    assert {(r["case"], r["concurrency"]) for r in http["results"]} == {
+        (case, level) for case in ("healthz", "submit") for level in (1, 4)
+    }
+    for row in http["results"]:
+        assert row["ok"] > 0, row
+        assert row["errors"] == {}, row
+        assert row["max_db_connections"] <= http["pool_size"], row
+    e2e = http["end_to_end"]
+    assert e2e["workers"] == 2
+    assert e2e["submits_per_s"] > 0, e2e
+    assert e2e["submit_errors"] == {}, e2e
     chart = out.with_suffix(".png")
     assert chart.exists() or "No chart written: matplotlib is not installed" in text
+
+
+def test_bad_http_levels_are_one_line_and_exit_2() -> None:
+    result = run_bench("--http-levels=0,8", timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "effect-broker: error [invalid_request]: --http-levels values must be between "
+        "1 and 1024"
+    ]
 
 
 def test_bad_input_is_one_line_and_exit_2() -> None:

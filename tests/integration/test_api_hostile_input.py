@@ -447,6 +447,9 @@ def test_the_openapi_schema_declares_the_error_statuses_of_every_operation(
     assert declared[("POST", "/v1/effects")] == {
         "200", "202", "401", "403", "409", "415", "429", *every
     }  # fmt: skip
+    assert declared[("POST", "/v1/effects/batch")] == {
+        "200", "401", "403", "415", "429", *every
+    }  # fmt: skip
     assert declared[("GET", "/v1/effects/{effect_id}")] == {"200", "401", "404", *every}
     assert declared[("POST", "/v1/effects/{effect_id}/resolve")] == {
         "200", "401", "403", "404", "409", "415", *every

@@ -164,6 +164,9 @@ def _semantic_refusal(case: Any, response: Any) -> bool:
     if label == "POST /v1/effects":
         # ``tool`` must name an active contract of this deployment.
         return code == "unknown_contract"
+    if label == "POST /v1/effects/batch":
+        # The same rule for each item (the problem's ``item`` names which).
+        return code == "unknown_contract" and isinstance(problem.get("item"), int)
     if label == "GET /v1/effects/{effect_id}/history":
         # ``at_sequence`` past this effect's last event (0 and below the schema
         # refuses itself).
@@ -186,6 +189,11 @@ def _prepare(case: Any, effect_id: str | None, tool: str | None) -> None:
         case.path_parameters["effect_id"] = effect_id
     if tool is not None and isinstance(case.body, dict) and "tool" in case.body:
         case.body["tool"] = tool
+    if tool is not None and isinstance(case.body, dict):
+        # A batch's items (POST /v1/effects/batch), so some batches are reserved.
+        for item in case.body.get("items") or []:
+            if isinstance(item, dict) and "tool" in item:
+                item["tool"] = tool
 
 
 def _fuzz(

@@ -1,0 +1,211 @@
+"""Batch submit (issue 13): N effects in one statement and one commit, a result each.
+
+Every item keeps the semantics of a single ``submit``: a new key is reserved
+(``created``), the same key with the same payload is a replay (``replayed``), the same
+key with another payload is a ``conflict`` that writes nothing for that item. A key
+repeated inside one batch behaves as if the items had been sent one after another:
+the later item replays the earlier one, or conflicts with it.
+
+Validation is all or nothing: every item is checked (key, lengths, argument caps,
+secret references, known tool) before anything is written, and the first invalid item
+refuses the whole batch with that item's own error, its index in the ``item`` member.
+A caller fixes the item and resends the batch; since nothing was written, the resend
+cannot half-duplicate it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from effect_broker import store
+from effect_broker.domain.argument_limits import check_arguments
+from effect_broker.domain.canonical import canonical_json
+from effect_broker.domain.contracts import EffectContract
+from effect_broker.domain.errors import (
+    EffectBrokerError,
+    InvalidRequestError,
+    PayloadConflictError,
+    TenantDisabledError,
+    UnknownContractError,
+)
+from effect_broker.domain.keys import downstream_key, validate_operation_key
+from effect_broker.domain.payload_crypto import encrypt, redacted_preview
+from effect_broker.domain.records import (
+    MAX_REQUESTED_BY_LENGTH,
+    MAX_TRACE_ID_LENGTH,
+    EffectRecord,
+    EffectRequest,
+)
+from effect_broker.domain.secret_refs import find_refs
+from effect_broker.models import Tenant
+from effect_broker.observability import metrics
+from effect_broker.observability.instrumentation import submit_trace_context
+from effect_broker.services.runtime import Runtime, get_runtime
+
+# The single submit's own checks and drift rule, reused so that an item and a single
+# submit cannot disagree about what is valid, a replay or a conflict.
+from effect_broker.services.submission import (
+    _refuse_drift,
+    _request_hash,
+    _require_length,
+    arguments_aad,
+)
+from effect_broker.store.batch_reserve import reserve_many
+
+#: The default cap on items per batch (``EFFECT_BROKER_MAX_BATCH_ITEMS``).
+DEFAULT_MAX_BATCH_ITEMS = 100
+
+CREATED = "created"
+REPLAYED = "replayed"
+CONFLICT = "conflict"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItemResult:
+    """One item's answer: ``created`` or ``replayed`` with its effect, or ``conflict``
+    with the error a single submit of it would have raised (nothing written for it)."""
+
+    index: int
+    outcome: str
+    effect: EffectRecord | None = None
+    error: EffectBrokerError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    request: EffectRequest
+    contract: EffectContract
+    digest: bytes
+    intent: store.NewIntent
+
+
+def max_batch_items() -> int:
+    """The most items one batch may carry (settings, else the default)."""
+    return int(
+        getattr(settings, "EFFECT_BROKER_MAX_BATCH_ITEMS", DEFAULT_MAX_BATCH_ITEMS)
+    )
+
+
+def _prepare(rt: Runtime, tenant: Tenant, request: EffectRequest) -> _Prepared:
+    """The checks and the intent of ``submission.submit``, in its order, unwritten."""
+    operation_key = validate_operation_key(request.operation_key)
+    _require_length("requested_by", request.requested_by, MAX_REQUESTED_BY_LENGTH)
+    _require_length("trace_id", request.trace_id or "", MAX_TRACE_ID_LENGTH)
+    if not isinstance(request.arguments, Mapping):
+        raise InvalidRequestError("arguments must be a JSON object")
+    check_arguments(request.arguments, rt.argument_limits)
+    find_refs(request.arguments)
+    contract = rt.registry.for_tool(request.tool)
+    tenant_id = str(tenant.id)
+    canonical_args = canonical_json(dict(request.arguments))
+    digest = _request_hash(rt, tenant_id, request, contract)
+    key_id, ciphertext = encrypt(
+        rt.keyring, canonical_args, aad=arguments_aad(tenant_id, operation_key)
+    )
+    intent = store.NewIntent(
+        tenant_id=tenant_id,
+        operation_key=operation_key,
+        tool=request.tool,
+        request_hash=digest,
+        arguments_ciphertext=ciphertext,
+        arguments_key_id=key_id,
+        arguments_preview=redacted_preview(request.arguments, contract.preview_fields),
+        contract_name=contract.name,
+        contract_version=contract.version,
+        safety_class=contract.safety.value,
+        downstream_key=downstream_key(
+            rt.tenant_hmac_key(tenant.hmac_key_id), tenant_id, operation_key
+        ),
+        requested_by=request.requested_by,
+        trace_id=request.trace_id,
+        trace_context=submit_trace_context(),
+    )
+    return _Prepared(request, contract, digest, intent)
+
+
+def _check_size(count: int) -> None:
+    cap = max_batch_items()
+    if count < 1:
+        raise InvalidRequestError("a batch needs at least one item", field="items")
+    if count > cap:
+        raise InvalidRequestError(
+            f"a batch may carry at most {cap} items, got {count}; split it",
+            field="items",
+            limit=cap,
+        )
+
+
+def submit_many(
+    tenant: Tenant,
+    requests: Sequence[EffectRequest],
+    *,
+    runtime: Runtime | None = None,
+) -> list[BatchItemResult]:
+    """Reserve every request of ``requests`` for ``tenant`` in one commit; a result
+    per item, in order. Raises (writing nothing) when the tenant is disabled, the batch
+    is empty or over the cap, or any item is invalid (``item`` names it)."""
+    started = time.perf_counter()
+    rt = runtime or get_runtime()
+    if tenant.disabled:
+        raise TenantDisabledError(f"tenant {tenant.name!r} is disabled")
+    _check_size(len(requests))
+    prepared: list[_Prepared] = []
+    for index, request in enumerate(requests):
+        try:
+            prepared.append(_prepare(rt, tenant, request))
+        except EffectBrokerError as exc:
+            exc.details.setdefault("item", index)
+            raise
+    # A key repeated in the batch is reserved once, by its first item; the later ones
+    # are judged against that row below, as if sent after it.
+    first: dict[str, int] = {}
+    for index, item in enumerate(prepared):
+        first.setdefault(item.intent.operation_key, index)
+    unique = [prepared[i] for i in sorted(first.values())]
+    jobs = [rt.scheduler.reservation_job(p.intent.effect_id) for p in unique]
+    queued = [j for j in jobs if j is not None]
+    actors = [p.request.requested_by or "caller" for p in unique]
+    now = rt.clock.now()
+    if len(unique) == 1:
+        # One key: the single submit's statement does the same writes (intent, event,
+        # job; one commit) and costs the server less than the batch statement's
+        # JSON input, sort and joins, so a batch of one is not slower than a submit.
+        rows = [store.reserve(unique[0].intent, now=now, actor=actors[0], job=jobs[0])]
+    else:
+        rows = reserve_many(
+            [p.intent for p in unique],
+            now=now,
+            actors=actors,
+            # The jobs commit with the intents (STYLE rule 5), in the same statement.
+            jobs=queued if len(queued) == len(jobs) else None,
+        )
+    by_key = {p.intent.operation_key: row for p, row in zip(unique, rows, strict=True)}
+    results: list[BatchItemResult] = []
+    seconds = time.perf_counter() - started
+    for index, item in enumerate(prepared):
+        record, created = by_key[item.intent.operation_key]
+        if created and first[item.intent.operation_key] == index:
+            if len(queued) != len(jobs):
+                rt.scheduler.dispatch(record.effect_id)
+            metrics.submitted(record, created=True, seconds=seconds)
+            results.append(BatchItemResult(index, CREATED, effect=record))
+            continue
+        try:
+            _refuse_drift(rt, record, item.request, item.contract, item.digest)
+        except (PayloadConflictError, UnknownContractError) as exc:
+            reason = (
+                "payload_drift"
+                if isinstance(exc, PayloadConflictError)
+                else "pinned_contract_missing"
+            )
+            metrics.conflicted(item.contract, reason=reason)
+            exc.details["item"] = index
+            results.append(BatchItemResult(index, CONFLICT, error=exc))
+            continue
+        metrics.submitted(record, created=False, seconds=seconds)
+        results.append(BatchItemResult(index, REPLAYED, effect=record))
+    return results

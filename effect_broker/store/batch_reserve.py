@@ -1,0 +1,137 @@
+"""Batch reservation (issue 13): N intents, their events and their dispatch jobs in
+one statement and one commit, with a (row, created) answer per intent.
+
+``ledger.reserve`` is the single-intent path; this is its sibling for many keys at once.
+The statement is ``sql.RESERVE_BATCH``: one round trip whether the keys are new, taken
+or mixed, plus one read only for keys a concurrent inserter committed during it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+from effect_broker.domain.event_chain import GENESIS_DIGEST
+from effect_broker.domain.records import EffectRecord
+from effect_broker.domain.states import EffectStatus
+from effect_broker.store import sql
+from effect_broker.store.ledger import NewIntent, QueuedJob, _event_params
+from effect_broker.store.rows import record_from_row
+
+
+def _item(intent: NewIntent, *, now: datetime, actor: str) -> dict[str, Any]:
+    """One element of ``sql.RESERVE_BATCH``'s JSON input: the intent and the digest
+    of its first event, the same ``reserved`` event ``reserve`` writes."""
+    metadata = {"contract": f"{intent.contract_name}@{intent.contract_version}"}
+    _, digest = _event_params(
+        intent.effect_id,
+        sequence=1,
+        event_type="reserved",
+        old_status=None,
+        new_status=EffectStatus.PREPARED,
+        actor=actor,
+        now=now,
+        metadata=metadata,
+        prev=GENESIS_DIGEST,
+    )
+    return {
+        "id": intent.effect_id,
+        "operation_key": intent.operation_key,
+        "tool": intent.tool,
+        "request_hash": intent.request_hash.hex(),
+        "arguments_ciphertext": intent.arguments_ciphertext.hex(),
+        "arguments_key_id": intent.arguments_key_id,
+        "arguments_preview": dict(intent.arguments_preview),
+        "contract_name": intent.contract_name,
+        "contract_version": intent.contract_version,
+        "safety_class": intent.safety_class,
+        "downstream_key": intent.downstream_key,
+        "trace_id": intent.trace_id,
+        "requested_by": intent.requested_by,
+        "trace_context": intent.trace_context,
+        "digest": digest.hex(),
+        # jsonb keeps no key order or spacing, so the stored metadata reads back
+        # equal to what was hashed whichever JSON text carries it.
+        "metadata": metadata,
+        "actor": actor,
+    }
+
+
+def _job_fields(job: QueuedJob) -> dict[str, Any]:
+    return {
+        "job_queue": job.queue_name,
+        "job_task": job.task_name,
+        "job_priority": job.priority,
+        "job_lock": job.lock,
+        "job_queueing_lock": job.queueing_lock,
+        "job_args": dict(job.args),
+        "job_scheduled_at": None
+        if job.scheduled_at is None
+        else job.scheduled_at.isoformat(),
+    }
+
+
+def reserve_many(
+    intents: Sequence[NewIntent],
+    *,
+    now: datetime,
+    actors: Sequence[str],
+    jobs: Sequence[QueuedJob] | None = None,
+) -> list[tuple[EffectRecord, bool]]:
+    """Insert each intent whose (tenant, operation_key) is free; return, in the order
+    given, (row, created) per intent: the new row, or the one that already held the key.
+
+    All intents belong to one tenant and carry distinct keys; ``actors[i]`` is the
+    actor of ``intents[i]``'s ``reserved`` event. ``jobs[i]`` is the dispatch job of
+    ``intents[i]``, inserted only if that intent is. Intents, events and jobs are ONE
+    statement: one round trip and, in autocommit, one commit.
+    """
+    if not intents:
+        return []
+    tenants = {i.tenant_id for i in intents}
+    keys = [i.operation_key for i in intents]
+    if len(tenants) != 1 or len(set(keys)) != len(keys):
+        raise ValueError("a batch reservation needs one tenant and distinct keys")
+    if len(actors) != len(intents) or (jobs is not None and len(jobs) != len(intents)):
+        raise ValueError("a batch reservation needs one actor and job per intent")
+    items = [
+        _item(intent, now=now, actor=actor)
+        for intent, actor in zip(intents, actors, strict=True)
+    ]
+    if jobs is not None:
+        for item, job in zip(items, jobs, strict=True):
+            item.update(_job_fields(job))
+        statement = sql.RESERVE_BATCH.format(
+            job=sql.RESERVE_BATCH_JOBS, job_source=", job"
+        )
+    else:
+        statement = sql.RESERVE_BATCH.format(job="", job_source="")
+    tenant_id = next(iter(tenants))
+    params: dict[str, Any] = {
+        "items": json.dumps(items, ensure_ascii=False, separators=(",", ":")),
+        "tenant": tenant_id,
+        "status": EffectStatus.PREPARED.value,
+        "now": now,
+        "genesis": GENESIS_DIGEST,
+    }
+    found: dict[str, tuple[EffectRecord, bool]] = {}
+    with connection.cursor() as cur:
+        cur.execute(statement, params)
+        for row in cur.fetchall():
+            record = record_from_row(row[:-1])
+            found[record.operation_key] = (record, bool(row[-1]))
+        # Neither inserted nor there before: a concurrent inserter of the same key
+        # committed while this statement waited on it (ON CONFLICT); read the winners.
+        missing = [k for k in keys if k not in found]
+        if missing:
+            cur.execute(sql.SELECT_INTENTS_BY_KEYS, [tenant_id, missing])
+            for row in cur.fetchall():
+                record = record_from_row(row)
+                found[record.operation_key] = (record, False)
+    if len(found) != len(keys):  # pragma: no cover - a conflict implies the row exists
+        raise RuntimeError("batch reservation conflicted but a row was not found")
+    return [found[k] for k in keys]
