@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from effect_broker.domain.errors import InvalidRequestError
+from examples.bench.soak_options import SoakOptions, add_soak_arguments, soak_from_cli
 
 DEFAULTS: dict[str, Any] = {
     "repetitions": 5,
@@ -51,12 +52,15 @@ class BenchOptions:
     http_seconds: float
     json_path: Path | None
     png_path: Path | None
+    #: ``--soak``: run only the soak (examples/bench/soak.py).
+    soak: SoakOptions | None = None
 
     def to_json(self) -> dict[str, Any]:
         """For the report."""
         data = asdict(self)
         data["json_path"] = str(self.json_path) if self.json_path else None
         data["png_path"] = str(self.png_path) if self.png_path else None
+        data["soak"] = self.soak.to_json() if self.soak else None
         return data
 
 
@@ -125,6 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="write the latency chart here (default: next to --json, same name .png)",
     )
+    add_soak_arguments(parser)
 
 
 def _int_list(text: str, what: str, low: int, high: int) -> tuple[int, ...]:
@@ -202,4 +207,5 @@ def from_cli(raw: dict[str, Any]) -> BenchOptions:
         http_seconds=float(http_seconds),
         json_path=Path(json_path) if json_path else None,
         png_path=Path(png_path) if png_path else None,
+        soak=soak_from_cli(raw),
     )

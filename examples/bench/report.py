@@ -11,6 +11,7 @@ from examples.bench.http_figures import HttpFigures, target_rows
 from examples.bench.http_figures import table as http_table
 from examples.bench.parallel_submit import CLIENTS, MIN_RATIO, ParallelSubmits
 from examples.bench.scale import Plan
+from examples.bench.soak_report import SoakResult, soak_table, soak_targets
 from examples.bench.stats import LatencyCase, ThroughputCase, percentile, ratio
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class BenchResult:
     notes: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
     parallel: ParallelSubmits | None = None
+    soak: SoakResult | None = None
 
     def median(self, key: str) -> float:
         """Median latency of a case (NaN when it did not run)."""
@@ -128,6 +130,8 @@ def _check(value: float, limit: float | None, kind: str) -> bool | None:
 def evaluate(result: BenchResult) -> list[Target]:
     """The targets of issue 5, each with what this run measured."""
     targets: list[Target] = []
+    if result.soak is not None:  # a soak run measures only the soak
+        return [Target(*row) for row in soak_targets(result.soak)]
     for case, ref, reads, limit, kind in RATIOS:
         if limit is None:
             continue
@@ -430,6 +434,10 @@ def markdown(result: BenchResult, targets: list[Target]) -> str:
         for name, profile in result.profiles.items():
             parts += [profile_table(name, profile), ""]
         parts.pop()
+    if result.soak is not None:
+        machine_and_server = "\n".join(header(result).splitlines()[:2])
+        parts = ["## effect-broker bench --soak", "", machine_and_server, "", "### Soak"]
+        parts += ["", soak_table(result.soak)]
     parts += ["", "### Targets", "", targets_table(targets)]
     if result.notes:
         parts += ["", "Notes:", *[f"- {note}" for note in result.notes]]
@@ -479,4 +487,5 @@ def to_json(result: BenchResult, targets: list[Target]) -> dict[str, Any]:
         "http": result.http.to_json() if result.http else None,
         "wal_commits": result.wal_commits.to_json() if result.wal_commits else None,
         "notes": result.notes,
+        "soak": result.soak.to_json() if result.soak else None,
     }

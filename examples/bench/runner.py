@@ -82,6 +82,10 @@ def _clean(value: Any) -> Any:
 
 def run(out: Output, opts: BenchOptions) -> int:
     """Run every phase; print progress, then the report; return the exit code."""
+    if opts.soak is not None:
+        from examples.bench.soak_run import run_soak_bench
+
+        return run_soak_bench(out, opts)
     steps = 8 + bool(opts.scales) + bool(opts.http_levels)
     progress = Progress(out, steps)
     load = os.getloadavg()[0]

@@ -18,7 +18,8 @@ class Command(BaseCommand):
         "through 1/2/4 worker processes, reconciliation after a lost response, and "
         "scale on 10k and 1M-effect ledgers). Prints markdown tables with medians, p99 "
         "and ratios; --json and a PNG chart on request. Takes a few minutes; --quick "
-        "takes well under one."
+        "takes well under one. --soak N runs only a soak: N effects through 2 workers, "
+        "one SIGKILLed on schedule, reported per window."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
