@@ -51,6 +51,8 @@ class Heartbeats:
         #: keeper -> (next beat, on ``time.monotonic``; interval in seconds)
         self._due: dict[Beating, tuple[float, float]] = {}
         self._beating: Beating | None = None
+        #: When the thread wakes up next by itself (``time.monotonic``; inf: never).
+        self._wakes_at = float("inf")
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         #: How many threads this registry started (tests: one per process).
@@ -61,15 +63,19 @@ class Heartbeats:
         if self._pid != os.getpid():
             # A forked child has the registry but not the thread: start afresh.
             self._reset()
+        at = time.monotonic() + interval
         with self._cond:
-            self._due[keeper] = (time.monotonic() + interval, interval)
+            self._due[keeper] = (at, interval)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="lease-heartbeat", daemon=True
                 )
                 self._thread.start()
                 self.threads_started += 1
-            self._cond.notify_all()
+            if at < self._wakes_at:
+                # Wake the thread only when this keeper is due before it wakes anyway:
+                # at a steady rate of dispatches it sleeps through most of them.
+                self._cond.notify_all()
 
     def remove(self, keeper: Beating) -> None:
         """Stop beating for ``keeper``; return once none of its beats is in flight."""
@@ -88,13 +94,17 @@ class Heartbeats:
         with self._cond:
             while True:
                 if not self._due:
+                    self._wakes_at = float("inf")
                     self._cond.wait()
                     continue
                 keeper, (at, interval) = min(self._due.items(), key=lambda kv: kv[1][0])
                 wait = at - time.monotonic()
                 if wait <= 0:
                     self._beating = keeper
+                    self._wakes_at = float("-inf")  # awake: no notify needed
                     return keeper, interval
+                # Keepers removed meanwhile are skipped when it wakes (not in _due).
+                self._wakes_at = at
                 self._cond.wait(wait)
 
     def _run(self) -> None:
