@@ -28,6 +28,8 @@ RATIOS: list[tuple[str, str, str, float | None, str]] = [
 E2E_MIN_RATIO = 0.6
 #: Submit and claim medians, largest / smallest ledger: at most this.
 SCALE_MAX_RATIO = 1.2
+#: CPU per item (worker + PostgreSQL), broker effect / bare job: at most this (issue 13).
+CPU_MAX_RATIO = 2.0
 
 
 @dataclass
@@ -85,6 +87,8 @@ class BenchResult:
     plans: list[Plan] = field(default_factory=list)
     plans_at: str = ""
     profiles: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    #: ms of CPU per item, worker and PostgreSQL (``dispatch_cpu``'s keys)
+    cpu_per_item: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
 
@@ -161,6 +165,19 @@ def evaluate(result: BenchResult) -> list[Target]:
                     None,
                 )
             )
+    cpu = result.cpu_per_item
+    value = ratio(
+        cpu.get("effect_worker_ms", math.nan) + cpu.get("effect_postgres_ms", math.nan),
+        cpu.get("job_worker_ms", math.nan) + cpu.get("job_postgres_ms", math.nan),
+    )
+    targets.append(
+        Target(
+            "CPU per effect (worker + PostgreSQL) vs bare job",
+            _x(value),
+            f"≤ {CPU_MAX_RATIO:g}x",
+            _check(value, CPU_MAX_RATIO, "max"),
+        )
+    )
     seq = [plan.name for plan in result.plans if plan.seq_scan_on_effects]
     targets.append(
         Target(
