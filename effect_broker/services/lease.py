@@ -16,6 +16,9 @@ before the request is written, that its lease still holds, on a clock that canno
 
 What no local check can close: a stall between the gate and the socket write. The send
 margin is the budget for that window (README "What the guarantees rest on").
+
+The beats come from one thread per process (``services.lease_heartbeat``), not a thread
+per dispatch: a keeper registers for the length of its call.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from effect_broker import store
 from effect_broker.domain.errors import SendRefusedError, StaleWriteError
 from effect_broker.domain.records import EffectRecord
 from effect_broker.services.deadlines import lease_until
+from effect_broker.services.lease_heartbeat import HEARTBEATS
 from effect_broker.services.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -63,17 +67,14 @@ class LeaseKeeper:
         self._provable_until = claimed_at + self._lease - self._margin
         self._deadline = claimed_at + attempt_limit.total_seconds()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._registered = False
         self.lost = False
 
     def __enter__(self) -> LeaseKeeper:
         interval = self._rt.timing.heartbeat.total_seconds()
         if interval > 0:
-            self._thread = threading.Thread(
-                target=self._run, args=(interval,), name="lease-keeper", daemon=True
-            )
-            self._thread.start()
+            HEARTBEATS.add(self, interval)
+            self._registered = True
         return self
 
     def __exit__(
@@ -82,9 +83,10 @@ class LeaseKeeper:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self._registered:
+            # Waits for a beat in flight, so current() is the newest version.
+            HEARTBEATS.remove(self)
+            self._registered = False
 
     # --- the send gate (adapters.base.SendGate) -----------------------------------
 
@@ -126,18 +128,13 @@ class LeaseKeeper:
         with self._lock:
             return self._record
 
-    def _run(self, interval: float) -> None:
-        try:
-            while not self._stop.wait(interval):
-                if self._rt.clock.monotonic() >= self._deadline + self._margin:
-                    # The adapter overran its own limit: stop vouching for it, so the
-                    # lease lapses and the sweeper records the outcome as unknown.
-                    return
-                if not self._beat():
-                    return
-        finally:
-            # This thread's Django connection must not outlive it.
-            connection.close()
+    def beat_due(self) -> bool:
+        """Called by the heartbeat thread when a beat is due; False: beat no more."""
+        if self._rt.clock.monotonic() >= self._deadline + self._margin:
+            # The adapter overran its own limit: stop vouching for it, so the
+            # lease lapses and the sweeper records the outcome as unknown.
+            return False
+        return self._beat()
 
     def _beat(self) -> bool:
         """Extend the lease once; False when it was taken away (stop beating)."""

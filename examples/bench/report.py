@@ -39,6 +39,8 @@ E2E_MIN_RATIO = 0.6
 E2E_P99_MAX_RATIO = 2.0
 #: Submit and claim medians, largest / smallest ledger: at most this.
 SCALE_MAX_RATIO = 1.2
+#: CPU per item (worker + PostgreSQL), broker effect / bare job: at most this (issue 13).
+CPU_MAX_RATIO = 2.0
 
 
 @dataclass
@@ -99,6 +101,8 @@ class BenchResult:
     http: HttpFigures | None = None
     wal_commits: WalCommits | None = None
     batches: list[BatchCase] = field(default_factory=list)
+    #: ms of CPU per item, worker and PostgreSQL (``dispatch_cpu``'s keys)
+    cpu_per_item: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
     parallel: ParallelSubmits | None = None
@@ -206,6 +210,19 @@ def evaluate(result: BenchResult) -> list[Target]:
         targets += [Target(*row) for row in result.wal_commits.target_rows()]
     else:
         targets.append(Target("committed transactions per effect", "-", "≤ 8", None))
+    cpu = result.cpu_per_item
+    value = ratio(
+        cpu.get("effect_worker_ms", math.nan) + cpu.get("effect_postgres_ms", math.nan),
+        cpu.get("job_worker_ms", math.nan) + cpu.get("job_postgres_ms", math.nan),
+    )
+    targets.append(
+        Target(
+            "CPU per effect (worker + PostgreSQL) vs bare job",
+            _x(value),
+            f"≤ {CPU_MAX_RATIO:g}x",
+            _check(value, CPU_MAX_RATIO, "max"),
+        )
+    )
     seq = [plan.name for plan in result.plans if plan.seq_scan_on_effects]
     targets.append(
         Target(

@@ -22,6 +22,7 @@ from examples.bench import batch_submit, parallel_submit, phases, wal_meter
 from examples.bench.broker_cases import ARGUMENTS, BrokerCases, bench_tenant
 from examples.bench.call_profiles import profiles
 from examples.bench.chart import matplotlib_missing, write_chart
+from examples.bench.dispatch_cpu import dispatch_cpu
 from examples.bench.environment import (
     Services,
     machine,
@@ -122,6 +123,9 @@ def run(out: Output, opts: BenchOptions) -> int:
                 pipeline = Pipeline(db.url, cases)
                 try:
                     phases.pipelines(result, opts, services, pipeline, progress.say)
+                    progress.say("      CPU per item: 1 worker drains queued items")
+                    drain = 300 if opts.quick else 1000
+                    dispatch_cpu(result, drain, services, pipeline, progress.say)
                     if opts.http_levels:
                         progress.next(
                             "HTTP: one API process, end to end with 2 workers, then "
