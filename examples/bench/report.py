@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from examples.bench import fetch_plan
 from examples.bench.batch_figures import BatchCase, batch_table
 from examples.bench.http_figures import HttpFigures, target_rows
 from examples.bench.http_figures import table as http_table
@@ -95,6 +96,8 @@ class BenchResult:
     http: HttpFigures | None = None
     wal_commits: WalCommits | None = None
     batches: list[BatchCase] = field(default_factory=list)
+    #: examples.bench.fetch_plan.measure: per scenario, fetch ms and rows removed.
+    fetch_plan: dict[str, dict[str, float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
     parallel: ParallelSubmits | None = None
@@ -199,6 +202,8 @@ def evaluate(result: BenchResult) -> list[Target]:
             "; ".join(seq),
         )
     )
+    if result.fetch_plan:
+        targets.append(Target(*fetch_plan.target_row(result.fetch_plan)))
     return targets
 
 
@@ -466,4 +471,5 @@ def to_json(result: BenchResult, targets: list[Target]) -> dict[str, Any]:
         "http": result.http.to_json() if result.http else None,
         "wal_commits": result.wal_commits.to_json() if result.wal_commits else None,
         "notes": result.notes,
+        "fetch_plan": result.fetch_plan,
     }
