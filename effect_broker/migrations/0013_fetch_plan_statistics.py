@@ -17,8 +17,8 @@ SQL:
 
 1. It freezes the statistics of ``status`` at a distribution where queued and
    running jobs are a sizeable share of the table: it inserts placeholder rows
-   (12% of them queued or running, scaled with the rows already there, so the share
-   stays at 6% or more however big and however finished the table is), analyses
+   (12% of them queued or running, as many as the rows already there up to 200k,
+   so the share stays at 6% or more however finished the table is), analyses
    ``status`` only, deletes the placeholders in the same transaction (no other
    session ever sees them; their triggers are off so they write no event and send
    no NOTIFY), and sets the column's statistics target to 0
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import migrations
+from django.db import migrations, transaction
 
 #: The frozen share of each status, per 1000 rows. todo + doing is 12%: big enough
 #: that "no queued job" is never the planner's belief, small enough that finished
@@ -55,13 +55,25 @@ PLACEHOLDER_SHARES = {
 INDEX = "effect_broker_jobs_active_lock_idx"
 
 
+#: Placeholders are capped so the migration stays short on a big table: with more
+#: finished rows than this, the frozen queued share is smaller but, multiplied by the
+#: table's live row count, still far above the one row that picks the bad plan.
+MAX_PLACEHOLDERS = 200_000
+
+
 def freeze_status_statistics(apps: Any, schema_editor: Any) -> None:
-    with schema_editor.connection.cursor() as cur:
+    # One transaction of its own (the migration is not atomic, for the concurrent
+    # index): the placeholders are deleted before anyone else can see them, and
+    # the table's exclusive lock (DISABLE TRIGGER) lasts only this long.
+    with (
+        transaction.atomic(using=schema_editor.connection.alias),
+        schema_editor.connection.cursor() as cur,
+    ):
         cur.execute("SELECT count(*) FROM procrastinate_jobs")
         existing = int(cur.fetchone()[0])
-        # As many placeholders as real rows (or 1000): todo+doing then keep at least
-        # 6% of the sample even if every real row is finished.
-        scale = max(1, -(-existing // 1000))
+        # As many placeholders as real rows (at least 1000): todo+doing then keep
+        # at least 6% of the sample even if every real row is finished.
+        placeholders = min(max(1000, existing), MAX_PLACEHOLDERS)
         cur.execute("ALTER TABLE procrastinate_jobs DISABLE TRIGGER USER")
         cur.execute(
             "ALTER TABLE procrastinate_jobs ALTER COLUMN status SET STATISTICS 100"
@@ -71,7 +83,7 @@ def freeze_status_statistics(apps: Any, schema_editor: Any) -> None:
                 "INSERT INTO procrastinate_jobs (queue_name, task_name, status) "
                 "SELECT 'effect_broker.placeholder', 'effect_broker.placeholder', "
                 "%s::procrastinate_job_status FROM generate_series(1, %s)",
-                [status, share * scale],
+                [status, share * placeholders // 1000],
             )
         cur.execute("ANALYZE procrastinate_jobs (status)")
         cur.execute(
@@ -90,6 +102,8 @@ def thaw_status_statistics(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
+    atomic = False
+
     dependencies = [
         ("effect_broker", "0012_awaiting_index"),
         ("procrastinate", "0041_post_retry_failed_job"),
@@ -98,8 +112,9 @@ class Migration(migrations.Migration):
     operations = [
         migrations.RunPython(freeze_status_statistics, thaw_status_statistics),
         migrations.RunSQL(
-            f"CREATE INDEX {INDEX} ON procrastinate_jobs (lock) "
-            "WHERE status IN ('todo', 'doing')",
-            f"DROP INDEX {INDEX}",
+            # CONCURRENTLY: defers keep going while it builds on a big table.
+            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} "
+            "ON procrastinate_jobs (lock) WHERE status IN ('todo', 'doing')",
+            f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX}",
         ),
     ]
