@@ -97,8 +97,9 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
     assert [s["label"] for s in report["scale"]] == ["1k"]
     assert report["plans"]
     assert all(isinstance(p["seq_scan_on_effect_intents"], bool) for p in report["plans"])
-    # 12 of issue 5 and the HTTP path, 2 of commits/WAL, 3 of issue 13's submit rows
-    assert len(report["targets"]) == 17
+    # 12 of issue 5 and the HTTP path, 2 of commits/WAL, 3 of issue 13's submit rows,
+    # 1 of procrastinate's fetch plan
+    assert len(report["targets"]) == 18
     names = [t["target"] for t in report["targets"]]
     assert all(name in names for name in HTTP_TARGETS), names
     assert "submits/s with 8 client processes vs 1" in names
@@ -115,6 +116,13 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
     assert e2e["workers"] == 2
     assert e2e["submits_per_s"] > 0, e2e
     assert e2e["submit_errors"] == {}, e2e
+    assert set(report["fetch_plan"]) == {
+        "stale_alone",
+        "fresh_alone",
+        "stale_broker",
+        "fresh_broker",
+    }
+    assert "procrastinate fetch, 10,000 queued" in text
     chart = out.with_suffix(".png")
     assert chart.exists() or "No chart written: matplotlib is not installed" in text
 
