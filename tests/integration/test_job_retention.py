@@ -139,7 +139,7 @@ def test_the_cleanup_is_a_periodic_job_on_the_maintenance_queue() -> None:
         ("effect_broker.remove_finished_jobs", "remove_finished_jobs")
     ]
     assert periodic.task.queue == "maintenance"
-    assert periodic.cron == "*/10 * * * *"
+    assert periodic.cron == "23 * * * *"  # hourly
 
 
 def _worker_setting(env: dict[str, str]) -> str:
