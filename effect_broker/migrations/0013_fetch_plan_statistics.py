@@ -9,22 +9,25 @@ check of ``procrastinate_fetch_job_v2`` becomes a nested-loop anti-join that rea
 every queued job for every candidate (10k queued: 10k rows removed by the join
 filter per candidate). That plan stays until autovacuum happens to analyse the table
 again with jobs queued, so a burst after an idle spell drains quadratically. An extra
-index alone does not help (the tie still goes to the plain scan), and no planner
-setting on the function makes the parameterized lookup win at one row.
+index alone does not help (measured: the tie still goes to the plain scan), and a
+planner setting on the function cannot break the tie: with nested loops off, every
+fetch would hash every queued job instead.
 
 What this migration does, from the broker's side, without touching procrastinate's
 SQL:
 
 1. It freezes the statistics of ``status`` at a distribution where queued and
-   running jobs are a sizeable share of the table: it inserts placeholder rows
-   (12% of them queued or running, as many as the rows already there up to 200k,
-   so the share stays at 6% or more however finished the table is), analyses
-   ``status`` only, deletes the placeholders in the same transaction (no other
-   session ever sees them; their triggers are off so they write no event and send
-   no NOTIFY), and sets the column's statistics target to 0
-   so no later ANALYZE replaces them. The planner then always expects queued jobs,
-   and a per-candidate lookup by lock is the cheaper plan. The other columns keep
-   their live statistics; the table's row count is live as ever.
+   running jobs are a sizeable share of the table: it inserts placeholder rows (12%
+   of them queued or running; as many as the rows already there, up to 200k, so the
+   share stays at 6% or more on a table of up to 200k rows), analyses ``status``
+   only, deletes the placeholders in the same transaction (no other session ever
+   sees them; their triggers are off, so they write no event and send no NOTIFY),
+   and sets the column's statistics target to 0 so no later ANALYZE replaces them.
+   The planner then always expects queued jobs, and a per-candidate lookup by lock
+   is the cheaper plan. The price: its status estimates no longer follow the
+   table's real mix (most of procrastinate's other status filters use partial
+   indexes anyway). The other columns keep live statistics, and the row count is
+   live as ever.
 2. It adds the index that lookup needs: ``lock`` over queued and running jobs (the
    anti-join's own condition). procrastinate's ``(id, lock)`` index cannot seek by
    lock; its ``(lock) WHERE doing`` index misses queued jobs.
