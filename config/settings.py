@@ -341,6 +341,36 @@ EFFECT_BROKER_READY_WORKER_SECONDS = _seconds(
     "EFFECT_BROKER_READY_WORKER_SECONDS", EFFECT_BROKER_TIMING["stalled_job_seconds"]
 )
 
+
+def _hours(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    try:
+        value = int(raw) if raw.strip() else default
+    except ValueError:
+        value = -1
+    if value < 0:
+        from effect_broker.domain.errors import ConfigurationError
+
+        raise ConfigurationError(
+            f"{name} must be a whole number of hours (0 or more), got {raw!r}"
+        )
+    return value
+
+
+# procrastinate's job tables stay bounded (issue 13: they grew by a row or more per
+# effect, forever). procrastinate's own delete query removes a finished job and, by
+# its ON DELETE CASCADE, its events; the ledger (intents, events, attempts, receipts)
+# is the authority and is never touched. Succeeded jobs go first; failed, aborted and
+# cancelled ones are kept longer because an operator reads them to find out what went
+# wrong (the admin console's "linked jobs"). Running and queued jobs are never removed.
+EFFECT_BROKER_JOB_RETENTION = {
+    # 0: the worker deletes a job the moment it succeeds (procrastinate's
+    # delete_jobs="successful"), which also saves the periodic delete its work.
+    "succeeded_hours": _hours("EFFECT_BROKER_JOB_RETENTION_HOURS", 24),
+    # Removes every finished job older than this, whatever its status.
+    "finished_hours": _hours("EFFECT_BROKER_FAILED_JOB_RETENTION_HOURS", 24 * 7),
+}
+
 # procrastinate: a worker heartbeats well below the stalled timeout, so a live worker is
 # never pruned by a peer that starts (procrastinate prunes on start; a pruned live worker
 # crashes on its next fetch).
@@ -356,6 +386,9 @@ PROCRASTINATE_WORKER_DEFAULTS = {
     # waits for it: effect_broker.workers.wakeups.
     "fetch_job_polling_interval": _seconds("EFFECT_BROKER_JOB_POLL_SECONDS", 1.0),
     "shutdown_graceful_timeout": 30.0,
+    "delete_jobs": "successful"
+    if EFFECT_BROKER_JOB_RETENTION["succeeded_hours"] == 0
+    else "never",
 }
 
 # --- Observability (docs/observability.md) ----------------------------------------

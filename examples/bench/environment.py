@@ -44,6 +44,9 @@ PRODUCTION_TIMING = {
     "EFFECT_BROKER_SWEEP_SECONDS": "5",
     "EFFECT_BROKER_STALLED_JOB_SECONDS": "30",
     "EFFECT_BROKER_REDEFER_GRACE_SECONDS": "10",
+    # The bench reads bare jobs' rows and events after they succeed (pipeline.py):
+    # pinned, so a retention of 0 in the caller's environment cannot delete them first.
+    "EFFECT_BROKER_JOB_RETENTION_HOURS": "24",
 }
 #: The simulated (in-process) target the end-to-end cases dispatch to.
 SIMULATED_TOOL = "bench_charge"

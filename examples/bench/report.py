@@ -6,12 +6,18 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from examples.bench import fetch_plan
 from examples.bench.batch_figures import BatchCase, batch_table
 from examples.bench.http_figures import HttpFigures, target_rows
 from examples.bench.http_figures import table as http_table
 from examples.bench.parallel_submit import CLIENTS, MIN_RATIO, ParallelSubmits
 from examples.bench.scale import Plan
-from examples.bench.soak_report import SoakResult, soak_table, soak_targets
+from examples.bench.soak_report import (
+    SoakResult,
+    soak_table,
+    soak_targets,
+    unmeasured_soak_targets,
+)
 from examples.bench.stats import LatencyCase, ThroughputCase, percentile, ratio
 
 if TYPE_CHECKING:
@@ -103,6 +109,8 @@ class BenchResult:
     batches: list[BatchCase] = field(default_factory=list)
     #: ms of CPU per item, worker and PostgreSQL (``dispatch_cpu``'s keys)
     cpu_per_item: dict[str, float] = field(default_factory=dict)
+    #: examples.bench.fetch_plan.measure: per scenario, fetch ms and rows removed.
+    fetch_plan: dict[str, dict[str, float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
     parallel: ParallelSubmits | None = None
@@ -233,6 +241,9 @@ def evaluate(result: BenchResult) -> list[Target]:
             "; ".join(seq),
         )
     )
+    if result.fetch_plan:
+        targets.append(Target(*fetch_plan.target_row(result.fetch_plan)))
+    targets += [Target(*row) for row in unmeasured_soak_targets()]
     return targets
 
 
@@ -505,4 +516,5 @@ def to_json(result: BenchResult, targets: list[Target]) -> dict[str, Any]:
         "wal_commits": result.wal_commits.to_json() if result.wal_commits else None,
         "notes": result.notes,
         "soak": result.soak.to_json() if result.soak else None,
+        "fetch_plan": result.fetch_plan,
     }

@@ -18,7 +18,7 @@ from django.conf import settings
 
 from effect_broker.domain.contracts import load_contracts
 from effect_broker.services import runtime
-from examples.bench import batch_submit, parallel_submit, phases, wal_meter
+from examples.bench import batch_submit, fetch_plan, parallel_submit, phases, wal_meter
 from examples.bench.broker_cases import ARGUMENTS, BrokerCases, bench_tenant
 from examples.bench.call_profiles import profiles
 from examples.bench.chart import matplotlib_missing, write_chart
@@ -87,7 +87,7 @@ def run(out: Output, opts: BenchOptions) -> int:
         from examples.bench.soak_run import run_soak_bench
 
         return run_soak_bench(out, opts)
-    steps = 8 + bool(opts.scales) + bool(opts.http_levels)
+    steps = 9 + bool(opts.scales) + bool(opts.http_levels)
     progress = Progress(out, steps)
     load = os.getloadavg()[0]
     if load > (os.cpu_count() or 1) * 0.5:
@@ -164,6 +164,9 @@ def run(out: Output, opts: BenchOptions) -> int:
                 )
                 progress.next("profiling a submit and a dispatch")
                 profiles(result, opts, cases)
+                progress.next(f"procrastinate's fetch, {fetch_plan.QUEUED:,} queued")
+                result.fetch_plan = fetch_plan.measure(db.url)
+                progress.say(fetch_plan.target_row(result.fetch_plan)[4])
                 if opts.scales:
                     progress.next(
                         "scale: seed the ledger, measure submit and claim, plans"

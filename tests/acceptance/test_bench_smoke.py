@@ -98,8 +98,9 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
     assert report["plans"]
     assert all(isinstance(p["seq_scan_on_effect_intents"], bool) for p in report["plans"])
     # 12 of issue 5 and the HTTP path, 2 of commits/WAL, 3 of issue 13's submit rows,
-    # 2 of issue 13's one-at-a-time end-to-end rows
-    assert len(report["targets"]) == 19
+    # 2 of issue 13's one-at-a-time end-to-end rows, 1 of CPU per item, 1 of
+    # procrastinate's fetch plan, 3 of the soak (named, not measured: a run of its own)
+    assert len(report["targets"]) == 24
     names = [t["target"] for t in report["targets"]]
     one_at_a_time = "end to end, 1 worker: submit → receipt"
     assert f"{one_at_a_time} vs bare job" in names
@@ -119,6 +120,13 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
     assert e2e["workers"] == 2
     assert e2e["submits_per_s"] > 0, e2e
     assert e2e["submit_errors"] == {}, e2e
+    assert set(report["fetch_plan"]) == {
+        "stale_alone",
+        "fresh_alone",
+        "stale_broker",
+        "fresh_broker",
+    }
+    assert "procrastinate fetch, 10,000 queued" in text
     chart = out.with_suffix(".png")
     assert chart.exists() or "No chart written: matplotlib is not installed" in text
 
