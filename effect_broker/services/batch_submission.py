@@ -1,6 +1,6 @@
 """Batch submit (issue 13): N effects in one statement and one commit, a result each.
 
-Every item keeps the semantics of a single ``submit``: a new key is reserved
+Every item keeps the semantics of a single ``submit``: an unused key is reserved
 (``created``), the same key with the same payload is a replay (``replayed``), the same
 key with another payload is a ``conflict`` that writes nothing for that item. A key
 repeated inside one batch behaves as if the items had been sent one after another:
