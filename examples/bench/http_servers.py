@@ -80,11 +80,13 @@ def postmaster_pid(database_url: str) -> int | None:
     """The PostgreSQL server's main process, if it runs on this machine; else None."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    try:
-        parent = int(_stat(int(row[0]))[1])  # type: ignore[index]
-        cmdline = Path(f"/proc/{parent}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return None
+        # Read while the connection is open: once it closes, its backend exits and
+        # /proc has nothing to say (a race that made a run report "elsewhere").
+        try:
+            parent = int(_stat(int(row[0]))[1])  # type: ignore[index]
+            cmdline = Path(f"/proc/{parent}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return None
     return parent if b"postgres" in cmdline else None
 
 

@@ -126,6 +126,16 @@ def run(out: Output, opts: BenchOptions) -> int:
                     progress.say("      CPU per item: 1 worker drains queued items")
                     drain = 300 if opts.quick else 1000
                     dispatch_cpu(result, drain, services, pipeline, progress.say)
+                    # Before the HTTP phase: its levels run without workers and leave
+                    # prepared effects whose jobs it drops, which a later worker's
+                    # sweeper re-defers; the WAL phase's idle windows counted their
+                    # dispatches as a worker's background (runs of 2026-12-04).
+                    progress.next(
+                        "commits and WAL per effect (pg_stat_database, pg_stat_wal)"
+                    )
+                    result.wal_commits = wal_meter.measure(
+                        db, services, cases, items=opts.items, quick=opts.quick
+                    )
                     if opts.http_levels:
                         progress.next(
                             "HTTP: one API process, end to end with 2 workers, then "
@@ -134,12 +144,6 @@ def run(out: Output, opts: BenchOptions) -> int:
                         http_path(result, opts, services, db, pipeline, progress.say)
                 finally:
                     pipeline.close()
-                progress.next(
-                    "commits and WAL per effect (pg_stat_database, pg_stat_wal)"
-                )
-                result.wal_commits = wal_meter.measure(
-                    db, services, cases, items=opts.items, quick=opts.quick
-                )
                 progress.next(
                     "floors, hand-rolled table, agent-ledger and broker calls "
                     "(in this process, interleaved)"
