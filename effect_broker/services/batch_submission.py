@@ -16,15 +16,12 @@ cannot half-duplicate it.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
 
 from effect_broker import store
-from effect_broker.domain.argument_limits import check_arguments
-from effect_broker.domain.canonical import canonical_json
-from effect_broker.domain.contracts import EffectContract
 from effect_broker.domain.errors import (
     EffectBrokerError,
     InvalidRequestError,
@@ -32,27 +29,20 @@ from effect_broker.domain.errors import (
     TenantDisabledError,
     UnknownContractError,
 )
-from effect_broker.domain.keys import downstream_key, validate_operation_key
-from effect_broker.domain.payload_crypto import encrypt, redacted_preview
 from effect_broker.domain.records import (
-    MAX_REQUESTED_BY_LENGTH,
-    MAX_TRACE_ID_LENGTH,
     EffectRecord,
     EffectRequest,
 )
-from effect_broker.domain.secret_refs import find_refs
 from effect_broker.models import Tenant
 from effect_broker.observability import metrics
-from effect_broker.observability.instrumentation import submit_trace_context
 from effect_broker.services.runtime import Runtime, get_runtime
 
 # The single submit's own checks and drift rule, reused so that an item and a single
 # submit cannot disagree about what is valid, a replay or a conflict.
 from effect_broker.services.submission import (
+    PreparedIntent,
     _refuse_drift,
-    _request_hash,
-    _require_length,
-    arguments_aad,
+    prepare_intent,
 )
 from effect_broker.store.batch_reserve import reserve_many
 
@@ -75,56 +65,11 @@ class BatchItemResult:
     error: EffectBrokerError | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    request: EffectRequest
-    contract: EffectContract
-    digest: bytes
-    intent: store.NewIntent
-
-
 def max_batch_items() -> int:
     """The most items one batch may carry (settings, else the default)."""
     return int(
         getattr(settings, "EFFECT_BROKER_MAX_BATCH_ITEMS", DEFAULT_MAX_BATCH_ITEMS)
     )
-
-
-def _prepare(rt: Runtime, tenant: Tenant, request: EffectRequest) -> _Prepared:
-    """The checks and the intent of ``submission.submit``, in its order, unwritten."""
-    operation_key = validate_operation_key(request.operation_key)
-    _require_length("requested_by", request.requested_by, MAX_REQUESTED_BY_LENGTH)
-    _require_length("trace_id", request.trace_id or "", MAX_TRACE_ID_LENGTH)
-    if not isinstance(request.arguments, Mapping):
-        raise InvalidRequestError("arguments must be a JSON object")
-    check_arguments(request.arguments, rt.argument_limits)
-    find_refs(request.arguments)
-    contract = rt.registry.for_tool(request.tool)
-    tenant_id = str(tenant.id)
-    canonical_args = canonical_json(dict(request.arguments))
-    digest = _request_hash(rt, tenant_id, request, contract)
-    key_id, ciphertext = encrypt(
-        rt.keyring, canonical_args, aad=arguments_aad(tenant_id, operation_key)
-    )
-    intent = store.NewIntent(
-        tenant_id=tenant_id,
-        operation_key=operation_key,
-        tool=request.tool,
-        request_hash=digest,
-        arguments_ciphertext=ciphertext,
-        arguments_key_id=key_id,
-        arguments_preview=redacted_preview(request.arguments, contract.preview_fields),
-        contract_name=contract.name,
-        contract_version=contract.version,
-        safety_class=contract.safety.value,
-        downstream_key=downstream_key(
-            rt.tenant_hmac_key(tenant.hmac_key_id), tenant_id, operation_key
-        ),
-        requested_by=request.requested_by,
-        trace_id=request.trace_id,
-        trace_context=submit_trace_context(),
-    )
-    return _Prepared(request, contract, digest, intent)
 
 
 def _check_size(count: int) -> None:
@@ -153,10 +98,10 @@ def submit_many(
     if tenant.disabled:
         raise TenantDisabledError(f"tenant {tenant.name!r} is disabled")
     _check_size(len(requests))
-    prepared: list[_Prepared] = []
+    prepared: list[PreparedIntent] = []
     for index, request in enumerate(requests):
         try:
-            prepared.append(_prepare(rt, tenant, request))
+            prepared.append(prepare_intent(rt, tenant, request))
         except EffectBrokerError as exc:
             exc.details.setdefault("item", index)
             raise

@@ -10,6 +10,7 @@ written or dispatched.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from effect_broker import failpoints, store
 from effect_broker.domain.argument_limits import check_arguments
@@ -89,17 +90,19 @@ def _require_length(field: str, value: str, cap: int) -> None:
         )
 
 
-@observed_submit  # its span, and counts of created, replayed and conflicting submits
-def submit(
-    tenant: Tenant,
-    request: EffectRequest,
-    *,
-    runtime: Runtime | None = None,
-) -> Reservation:
-    """Reserve ``request`` for ``tenant``, or return the existing effect on replay."""
-    rt = runtime or get_runtime()
-    if tenant.disabled:
-        raise TenantDisabledError(f"tenant {tenant.name!r} is disabled")
+@dataclass(frozen=True, slots=True)
+class PreparedIntent:
+    """A request checked and sealed for the ledger, not yet written."""
+
+    request: EffectRequest
+    contract: EffectContract
+    digest: bytes
+    intent: store.NewIntent
+
+
+def prepare_intent(rt: Runtime, tenant: Tenant, request: EffectRequest) -> PreparedIntent:
+    """Check ``request`` and build its intent: the one way a single submit and a batch
+    item are checked (in this order) and sealed before anything is written."""
     operation_key = validate_operation_key(request.operation_key)
     _require_length("requested_by", request.requested_by, MAX_REQUESTED_BY_LENGTH)
     _require_length("trace_id", request.trace_id or "", MAX_TRACE_ID_LENGTH)
@@ -134,6 +137,23 @@ def submit(
         trace_id=request.trace_id,
         trace_context=submit_trace_context(),
     )
+    return PreparedIntent(request, contract, digest, intent)
+
+
+@observed_submit  # its span, and counts of created, replayed and conflicting submits
+def submit(
+    tenant: Tenant,
+    request: EffectRequest,
+    *,
+    runtime: Runtime | None = None,
+) -> Reservation:
+    """Reserve ``request`` for ``tenant``, or return the existing effect on replay."""
+    rt = runtime or get_runtime()
+    if tenant.disabled:
+        raise TenantDisabledError(f"tenant {tenant.name!r} is disabled")
+    prepared = prepare_intent(rt, tenant, request)
+    intent, contract, digest = prepared.intent, prepared.contract, prepared.digest
+    operation_key, tenant_id = intent.operation_key, intent.tenant_id
     actor = request.requested_by or "caller"
     subject = f"{tenant_id}/{operation_key}"
     # The dispatch job commits with the intent or not at all (STYLE rule 5): it rides
