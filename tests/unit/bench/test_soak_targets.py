@@ -84,6 +84,15 @@ def test_growth_loss_and_duplicates_are_misses() -> None:
     assert met(duplicated)[3] is False
 
 
+def test_job_tables_near_empty_throughout_are_bounded() -> None:
+    # 0 -> 3 rows over 100k effects is flat, not "3x" (a run of 2026-12-04).
+    nearly_empty = soak(
+        window(0, submit=5 * MS, claim=20 * MS, jobs=0),
+        window(1, submit=5 * MS, claim=20 * MS, jobs=1),
+    )
+    assert met(nearly_empty)[2] is True
+
+
 def test_one_window_measures_no_ratio() -> None:
     single = soak(window(0, submit=5 * MS, claim=20 * MS, jobs=500))
     rows = soak_targets(single)
