@@ -19,25 +19,19 @@ from effect_broker.domain.event_chain import GENESIS_DIGEST
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus
 from effect_broker.store import sql
-from effect_broker.store.ledger import NewIntent, QueuedJob, _event_params
+from effect_broker.store.ledger import (
+    NewIntent,
+    QueuedJob,
+    reserved_event_params,
+    reserved_metadata,
+)
 from effect_broker.store.rows import record_from_row
 
 
 def _item(intent: NewIntent, *, now: datetime, actor: str) -> dict[str, Any]:
     """One element of ``sql.RESERVE_BATCH``'s JSON input: the intent and the digest
     of its first event, the same ``reserved`` event ``reserve`` writes."""
-    metadata = {"contract": f"{intent.contract_name}@{intent.contract_version}"}
-    _, digest = _event_params(
-        intent.effect_id,
-        sequence=1,
-        event_type="reserved",
-        old_status=None,
-        new_status=EffectStatus.PREPARED,
-        actor=actor,
-        now=now,
-        metadata=metadata,
-        prev=GENESIS_DIGEST,
-    )
+    _, digest = reserved_event_params(intent, now=now, actor=actor)
     return {
         "id": intent.effect_id,
         "operation_key": intent.operation_key,
@@ -56,7 +50,7 @@ def _item(intent: NewIntent, *, now: datetime, actor: str) -> dict[str, Any]:
         "digest": digest.hex(),
         # jsonb keeps no key order or spacing, so the stored metadata reads back
         # equal to what was hashed whichever JSON text carries it.
-        "metadata": metadata,
+        "metadata": reserved_metadata(intent),
         "actor": actor,
     }
 

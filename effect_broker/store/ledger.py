@@ -149,6 +149,31 @@ def _event_params(
     return params, digest
 
 
+def reserved_metadata(intent: NewIntent) -> dict[str, str]:
+    """What an intent's ``reserved`` event records: the contract it is pinned to."""
+    return {"contract": f"{intent.contract_name}@{intent.contract_version}"}
+
+
+def reserved_event_params(
+    intent: NewIntent, *, now: datetime, actor: str
+) -> tuple[list[Any], bytes]:
+    """The bound values and digest of an intent's first event, ``reserved``: one
+    definition for a single reservation and a batch's."""
+    return _event_params(
+        intent.effect_id,
+        sequence=1,
+        event_type="reserved",
+        old_status=None,
+        new_status=EffectStatus.PREPARED,
+        actor=actor,
+        now=now,
+        # No request hash here: events are shown by /history and the admin, and the
+        # hash binds the payload, not the story (issue 9, defect 10).
+        metadata=reserved_metadata(intent),
+        prev=GENESIS_DIGEST,
+    )
+
+
 def reserve(
     intent: NewIntent, *, now: datetime, actor: str, job: QueuedJob | None = None
 ) -> tuple[EffectRecord, bool]:
@@ -159,19 +184,7 @@ def reserve(
     commits or rolls back with it. A replay is answered by the same statement; only a
     concurrent insert of the same key that commits after it started reads twice.
     """
-    event, _ = _event_params(
-        intent.effect_id,
-        sequence=1,
-        event_type="reserved",
-        old_status=None,
-        new_status=EffectStatus.PREPARED,
-        actor=actor,
-        now=now,
-        # No request hash here: events are shown by /history and the admin, and the
-        # hash binds the payload, not the story (issue 9, defect 10).
-        metadata={"contract": f"{intent.contract_name}@{intent.contract_version}"},
-        prev=GENESIS_DIGEST,
-    )
+    event, _ = reserved_event_params(intent, now=now, actor=actor)
     params: list[Any] = [
         intent.effect_id,
         intent.tenant_id,
