@@ -180,13 +180,20 @@ def run(out: Output, opts: BenchOptions) -> int:
             services.close()
             runtime.reset()
         progress.next("dropping the scratch database")
+    report(out, opts, result, progress)
+    return 0
+
+
+def report(
+    out: Output, opts: BenchOptions, result: BenchResult, progress: Progress
+) -> None:
+    """Close the run's figures, print the report and write its files."""
     result.elapsed_seconds = progress.elapsed()
     result.machine["load_average_at_end"] = list(os.getloadavg())
     targets = evaluate(result)
     out.write("\n" + markdown(result, targets))
     out.flush()
     _write_files(out, opts, result, targets)
-    return 0
 
 
 def _write_files(

@@ -4,7 +4,6 @@ report (the other phases do not run: a soak is long and measures something else)
 from __future__ import annotations
 
 import dataclasses
-import os
 from datetime import UTC, datetime
 
 from django.conf import settings
@@ -19,8 +18,8 @@ from examples.bench.environment import (
     server_settings,
 )
 from examples.bench.options import BenchOptions
-from examples.bench.report import BenchResult, evaluate, markdown
-from examples.bench.runner import Output, Progress, _write_files
+from examples.bench.report import BenchResult
+from examples.bench.runner import Output, Progress, report
 from examples.bench.soak import TOOL, run_soak
 
 
@@ -49,11 +48,6 @@ def run_soak_bench(out: Output, opts: BenchOptions) -> int:
             services.close()
             runtime.reset()
         progress.next("dropping the scratch database")
-    result.elapsed_seconds = progress.elapsed()
-    result.machine["load_average_at_end"] = list(os.getloadavg())
-    targets = evaluate(result)
-    out.write("\n" + markdown(result, targets))
-    out.flush()
     # No latency chart: a soak's figures are per window, in the table and the JSON.
-    _write_files(out, dataclasses.replace(opts, png_path=None), result, targets)
+    report(out, dataclasses.replace(opts, png_path=None), result, progress)
     return 0
