@@ -92,6 +92,7 @@ def scratch_database() -> Iterator[BenchDatabase]:
         name = f"eb_bench_{os.getpid()}"
         create_scratch_database(admin_url, name)
         connections.close_all()
+        original_name = connection.settings_dict["NAME"]
         connection.settings_dict["NAME"] = name
         try:
             call_command("migrate", verbosity=0, interactive=False)
@@ -100,6 +101,8 @@ def scratch_database() -> Iterator[BenchDatabase]:
         finally:
             connections.close_all()
             drop_scratch_database(admin_url, name)
+            # A later scratch database (--with-soak's) starts from the same server.
+            connection.settings_dict["NAME"] = original_name
     finally:
         if own_server is not None:
             from effect_broker import embedded_pg

@@ -52,8 +52,16 @@ class BenchOptions:
     http_seconds: float
     json_path: Path | None
     png_path: Path | None
-    #: ``--soak``: run only the soak (examples/bench/soak.py).
+    #: ``--soak`` / ``--with-soak``: the soak's options (examples/bench/soak.py).
     soak: SoakOptions | None = None
+    #: ``--with-soak``: every phase, then the soak, in one report; with ``soak`` set
+    #: and this False (``--soak``), the soak runs alone.
+    with_soak: bool = False
+
+    @property
+    def soak_only(self) -> bool:
+        """``--soak``: the soak alone, no other phase."""
+        return self.soak is not None and not self.with_soak
 
     def to_json(self) -> dict[str, Any]:
         """For the report."""
@@ -208,4 +216,5 @@ def from_cli(raw: dict[str, Any]) -> BenchOptions:
         json_path=Path(json_path) if json_path else None,
         png_path=Path(png_path) if png_path else None,
         soak=soak_from_cli(raw),
+        with_soak=raw.get("with_soak") is not None,
     )

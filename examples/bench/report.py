@@ -142,7 +142,8 @@ def _check(value: float, limit: float | None, kind: str) -> bool | None:
 def evaluate(result: BenchResult) -> list[Target]:
     """The targets of issue 5, each with what this run measured."""
     targets: list[Target] = []
-    if result.soak is not None:  # a soak run measures only the soak
+    if soak_only(result):  # `--soak` measures only the soak
+        assert result.soak is not None
         return [Target(*row) for row in soak_targets(result.soak)]
     for case, ref, reads, limit, kind in RATIOS:
         if limit is None:
@@ -243,8 +244,16 @@ def evaluate(result: BenchResult) -> list[Target]:
     )
     if result.fetch_plan:
         targets.append(Target(*fetch_plan.target_row(result.fetch_plan)))
-    targets += [Target(*row) for row in unmeasured_soak_targets()]
+    soak_rows = (
+        unmeasured_soak_targets() if result.soak is None else soak_targets(result.soak)
+    )
+    targets += [Target(*row) for row in soak_rows]
     return targets
+
+
+def soak_only(result: BenchResult) -> bool:
+    """A ``--soak`` run: the soak and nothing else (``--with-soak`` runs everything)."""
+    return result.soak is not None and not result.options.get("with_soak")
 
 
 def _ratios_for(result: BenchResult, key: str) -> tuple[str, str]:
@@ -462,10 +471,12 @@ def markdown(result: BenchResult, targets: list[Target]) -> str:
         for name, profile in result.profiles.items():
             parts += [profile_table(name, profile), ""]
         parts.pop()
-    if result.soak is not None:
+    if result.soak is not None and soak_only(result):
         machine_and_server = "\n".join(header(result).splitlines()[:2])
         parts = ["## effect-broker bench --soak", "", machine_and_server, "", "### Soak"]
         parts += ["", soak_table(result.soak)]
+    elif result.soak is not None:
+        parts += ["", "### Soak", "", soak_table(result.soak)]
     parts += ["", "### Targets", "", targets_table(targets)]
     if result.notes:
         parts += ["", "Notes:", *[f"- {note}" for note in result.notes]]

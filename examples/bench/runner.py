@@ -83,11 +83,11 @@ def _clean(value: Any) -> Any:
 
 def run(out: Output, opts: BenchOptions) -> int:
     """Run every phase; print progress, then the report; return the exit code."""
-    if opts.soak is not None:
+    if opts.soak_only:
         from examples.bench.soak_run import run_soak_bench
 
         return run_soak_bench(out, opts)
-    steps = 9 + bool(opts.scales) + bool(opts.http_levels)
+    steps = 9 + bool(opts.scales) + bool(opts.http_levels) + opts.with_soak
     progress = Progress(out, steps)
     load = os.getloadavg()[0]
     if load > (os.cpu_count() or 1) * 0.5:
@@ -180,6 +180,11 @@ def run(out: Output, opts: BenchOptions) -> int:
             services.close()
             runtime.reset()
         progress.next("dropping the scratch database")
+    if opts.with_soak:
+        from examples.bench.soak_run import soak_phase
+
+        assert opts.soak is not None
+        soak_phase(result, opts.soak, progress)
     report(out, opts, result, progress)
     return 0
 

@@ -70,6 +70,11 @@ class _Workers:
 
     def __init__(self, services: Services) -> None:
         extra = {k: v for k, v in os.environ.items() if k.startswith(PASSED_ON_PREFIXES)}
+        # The broker's default keeps a succeeded job 24 h and removes finished jobs
+        # hourly, which a half-hour soak cannot show. Retention 0 (procrastinate
+        # deletes a job as it succeeds) shows bounded tables within the run; set
+        # EFFECT_BROKER_JOB_RETENTION_HOURS to soak another value.
+        extra.setdefault("EFFECT_BROKER_JOB_RETENTION_HOURS", "0")
         self.retention_env = extra
         env = services.worker_env()
         # Fast recovery instead of the bench's production timing: see the module doc.
@@ -355,8 +360,13 @@ def run_soak(
     opts: SoakOptions, services: Services, cases: BrokerCases, say: Say
 ) -> SoakResult:
     """Run one soak and return what it measured."""
+    kills = (
+        f"a worker SIGKILLed about every {opts.kill_seconds:g} s"
+        if opts.kill_seconds > 0
+        else "no worker killed"
+    )
     say(
         f"      {opts.effects:,} effects at up to {opts.rate:g}/s, windows of "
-        f"{opts.window:,}, a worker SIGKILLed about every {opts.kill_seconds:g} s"
+        f"{opts.window:,}, {kills}"
     )
     return Soak(opts, services, cases, say).run()

@@ -160,13 +160,16 @@ def soak_targets(soak: SoakResult) -> list[tuple[str, str, str, bool | None, str
 
 
 def unmeasured_soak_targets() -> list[tuple[str, str, str, bool | None, str]]:
-    """The soak's rows in a run without ``--soak``: named, marked not measured.
+    """The soak's rows in a run without a soak: named, marked not measured.
 
-    A soak is a run of its own (100k effects take about half an hour), so the regular
-    bench's Targets table says where those rows are measured instead of leaving them
-    out.
+    100k effects take about twenty minutes, so a soak runs only when asked for
+    (``--with-soak`` after every other phase, ``--soak`` alone); a run without one
+    says where those rows are measured instead of leaving them out.
     """
-    how = "measured by `effect-broker bench --soak 100000`, not in this run"
+    how = (
+        "measured by `effect-broker bench --with-soak` (every phase, then a 100k soak) "
+        "or `--soak 100000`, not in this run"
+    )
     return [
         (
             "soak: last 10,000 vs first 10,000 effects, submit median",
@@ -252,7 +255,7 @@ def soak_table(soak: SoakResult) -> str:
         "workers: "
         + (
             ", ".join(f"{k}={v}" for k, v in sorted(soak.retention_env.items()))
-            or "none (no job retention)"
+            or "none (the broker's defaults)"
         )
         + ".",
     ]

@@ -72,6 +72,11 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
         "--scale=1k",
         "--http-levels=1,4",
         "--http-seconds=0.3",
+        # Every phase and then a soak: one run whose Targets table has every row.
+        "--with-soak=40",
+        "--soak-window=20",
+        "--soak-rate=60",
+        "--soak-kill-seconds=0",
         f"--json={out}",
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -83,6 +88,7 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
         "### HTTP path",
         "### Scale",
         "### Profile",
+        "### Soak",
         "### Targets",
         "Plans on the 1k",
     ):
@@ -99,9 +105,14 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
     assert all(isinstance(p["seq_scan_on_effect_intents"], bool) for p in report["plans"])
     # 12 of issue 5 and the HTTP path, 2 of commits/WAL, 3 of issue 13's submit rows,
     # 2 of issue 13's one-at-a-time end-to-end rows, 1 of CPU per item, 1 of
-    # procrastinate's fetch plan, 3 of the soak (named, not measured: a run of its own)
-    assert len(report["targets"]) == 24
+    # procrastinate's fetch plan, 4 of the soak (measured in this run: --with-soak)
+    assert len(report["targets"]) == 25
     names = [t["target"] for t in report["targets"]]
+    soak_rows = [t for t in report["targets"] if t["target"].startswith("soak")]
+    assert len(soak_rows) == 4
+    assert all(t["met"] is not None for t in soak_rows), soak_rows  # all measured
+    assert report["soak"]["lost"] == 0
+    assert report["soak"]["statuses"] == {"succeeded": 40}
     one_at_a_time = "end to end, 1 worker: submit → receipt"
     assert f"{one_at_a_time} vs bare job" in names
     assert f"{one_at_a_time}: p99 / p50 (no lost-NOTIFY stall)" in names

@@ -111,3 +111,50 @@ def test_soak_options() -> None:
     assert (small.window, small.kill_seconds) == (30, 0.0)
     with pytest.raises(Exception, match="--soak must be between"):
         soak_from_cli({"soak": 5})
+
+
+def test_with_soak_runs_every_phase_then_the_soak() -> None:
+    from examples.bench.options import from_cli
+
+    alone = from_cli({"soak": 300})
+    assert alone.soak_only
+    assert alone.soak is not None
+    both = from_cli({"with_soak": DEFAULT_EFFECTS})
+    assert both.with_soak
+    assert not both.soak_only
+    assert both.soak is not None
+    assert both.soak.effects == DEFAULT_EFFECTS
+    assert not from_cli({}).soak_only
+    with pytest.raises(Exception, match="--with-soak must be between"):
+        soak_from_cli({"with_soak": 5})
+    with pytest.raises(Exception, match="exclude each other"):
+        soak_from_cli({"soak": 300, "with_soak": 300})
+
+
+def test_a_run_with_a_soak_measures_its_rows_in_the_same_table() -> None:
+    from examples.bench.report import BenchResult, evaluate
+
+    def result(*, with_soak: bool) -> BenchResult:
+        flat = soak(
+            window(0, submit=5 * MS, claim=20 * MS, jobs=50),
+            window(1, submit=5 * MS, claim=20 * MS, jobs=50),
+        )
+        return BenchResult(
+            started_at="",
+            machine={},
+            server={},
+            where="",
+            options={"with_soak": with_soak},
+            soak=flat,
+        )
+
+    combined = [t.name for t in evaluate(result(with_soak=True))]
+    alone = [t.name for t in evaluate(result(with_soak=False))]
+    assert len(alone) == 4  # --soak: the soak's rows only
+    assert combined[-4:] == alone  # --with-soak: every row, the soak's measured
+    assert len(combined) > len(alone)
+    assert all(
+        t.met is not None
+        for t in evaluate(result(with_soak=True))
+        if t.name.startswith("soak")
+    )
