@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +39,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
+
+from examples.bench.http_client import ARGUMENTS
 
 
 @dataclass
@@ -69,6 +73,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--submit-level", type=int, default=8)
     parser.add_argument("--healthz-level", type=int, default=32)
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also run, at the submit level, three submits that stop early: a "
+        "malformed key (401 before any database work), an unknown key (401 after the key "
+        "lookup), an unknown tool (422 after parsing and the lookup, before the "
+        "reservation); the differences apportion a submit's extra CPU",
+    )
     parser.add_argument(
         "--profile",
         choices=("submit", "healthz"),
@@ -134,6 +146,41 @@ def _wait_ready(arm: Arm) -> None:
     raise RuntimeError(f"{arm.label}: API did not start")
 
 
+#: --breakdown's cases, in the order they run.
+BREAKDOWN = ("no_key", "bad_key", "bad_tool")
+
+
+def _breakdown_cases(tool: str) -> dict[str, tuple[Any, str | None]]:
+    """Submits that stop early, each with the API key it sends (None: the tenant's)."""
+    from examples.bench.http_client import Case
+
+    def body(tool_name: str) -> Any:
+        def make(client: int, n: int) -> bytes:
+            return json.dumps(
+                {
+                    "operation_key": f"ab:{uuid.uuid4().hex}",
+                    "tool": tool_name,
+                    "arguments": ARGUMENTS,
+                }
+            ).encode()
+
+        return make
+
+    post = ("POST", "/v1/effects")
+    return {
+        # Not an API key at all: refused before any database work.
+        "no_key": (Case("no_key", "malformed key", *post, 401, body(tool)), "none"),
+        "bad_key": (
+            Case("bad_key", "unknown key", *post, 401, body(tool)),
+            "eb_" + "x" * 43,
+        ),
+        "bad_tool": (
+            Case("bad_tool", "unknown tool", *post, 422, body("no_such_tool")),
+            None,
+        ),
+    }
+
+
 def _measure(
     arm: Arm, api_key: str, case: Any, level: int, args: argparse.Namespace
 ) -> tuple[float, float, int]:
@@ -171,7 +218,7 @@ def _measure(
 def _line(row: dict[str, float]) -> str:
     parts = [
         f"{key} {row[key]:6.1f}/s ({row[f'{key}_cpu']:.2f} ms CPU)"
-        for key in ("submit", "healthz")
+        for key in ("submit", "healthz", *BREAKDOWN)
         if key in row
     ]
     if "submit" in row and "healthz" in row:
@@ -208,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _, api_key = create_tenant(f"ab-{uuid.uuid4().hex[:8]}")
         env = server_env(db.url, contracts, get_runtime().master_key)
         all_cases = cases(SIMULATED_TOOL, [])
+        extra = _breakdown_cases(SIMULATED_TOOL)
         try:
             for arm in args.arms:
                 _start(arm, env, workdir)
@@ -220,6 +268,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 random.shuffle(order)
                 for arm in order:
                     row: dict[str, float] = {"errors": 0}
+                    if args.breakdown:
+                        for key, (case, sent_key) in extra.items():
+                            rate, cpu, errors = _measure(
+                                arm,
+                                api_key if sent_key is None else sent_key,
+                                case,
+                                args.submit_level,
+                                args,
+                            )
+                            row.update({key: rate, f"{key}_cpu": cpu})
+                            row["errors"] += errors
                     for key in ("healthz", "submit"):
                         if args.profile not in (None, key):
                             continue
@@ -259,7 +318,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"| {_span([r['submit_cpu'] - r['healthz_cpu'] for r in rows], '.2f')} "
             f"| {_span([r['healthz_cpu'] / r['submit_cpu'] for r in rows], '.3f')} |"
         )
+    if args.breakdown:
+        _print_breakdown(args.arms)
     return 0
+
+
+def _print_breakdown(arms: list[Arm]) -> None:
+    """API CPU ms per request of each stage, as differences of the cases' costs."""
+    stages = (
+        ("POST, malformed key (401) - /healthz", "no_key", "healthz"),
+        ("key lookup: unknown key - malformed key", "bad_key", "no_key"),
+        ("parse, validate, seal: unknown tool - unknown key", "bad_tool", "bad_key"),
+        ("reservation and 202: submit - unknown tool", "submit", "bad_tool"),
+    )
+    print()
+    print("| stage | " + " | ".join(arm.label for arm in arms) + " |")
+    print("|---|" + "---|" * len(arms))
+    for label, a, b in stages:
+        cells = []
+        for arm in arms:
+            diffs = [r[f"{a}_cpu"] - r[f"{b}_cpu"] for r in arm.rounds]
+            cells.append(f"{statistics.median(diffs):.2f} ({_span(diffs, '.2f')})")
+        print(f"| {label} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
