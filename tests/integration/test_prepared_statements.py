@@ -314,3 +314,45 @@ def test_the_reservation_with_its_job_stores_the_same_job_prepared_or_not(
     stored = EffectIntent.objects.get(pk=prepared.effect_id)
     assert bytes(stored.arguments_ciphertext) == b"\x00sealed\xff"
     assert store.verify_event_chain(prepared.effect_id) == 1
+
+
+@pytest.mark.django_db
+def test_a_batch_reservation_stores_the_same_rows_prepared_or_not(tenant: Any) -> None:
+    from effect_broker.domain.records import EffectRequest
+    from effect_broker.services.batch_submission import submit_many
+
+    def batch(prefix: str) -> list[tuple[Any, ...]]:
+        requests = [
+            EffectRequest(
+                operation_key=f"{prefix}:{n}",
+                tool="charge_card",
+                arguments={"order": str(n), "amount_minor": 1999, "currency": "EUR"},
+            )
+            for n in range(3)
+        ]
+        first = submit_many(tenant, requests[:2])
+        results = submit_many(tenant, requests)  # two replays and one new key
+        assert [r.outcome for r in first] == ["created"] * 2
+        return [
+            (
+                r.outcome,
+                r.effect.status,
+                r.effect.version,
+                r.effect.arguments_preview,
+                r.effect.head_digest is not None,
+                store.verify_event_chain(r.effect.effect_id),
+                _job_of(r.effect.effect_id),
+            )
+            for r in results
+        ]
+
+    # Given the same batches submitted client-bound, then prepared
+    with override_settings(EFFECT_BROKER_DB_PREPARED_STATEMENTS=False):
+        plain = batch("order:prep:batch:plain")
+    prepared = batch("order:prep:batch:prepared")
+    # Then the batch statement was prepared, and every answer and row is the same
+    batch_statements = [
+        s for s in _prepared_on_this_connection() if "jsonb_array_elements" in s
+    ]
+    assert len(batch_statements) == 1
+    assert prepared == plain
