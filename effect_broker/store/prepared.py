@@ -85,7 +85,10 @@ class _LoggedCursor(CursorDebugWrapper):
     """
 
     def execute(self, sql: Any, params: Any = None) -> Any:
-        logged = sql if params is None else self.db.ops.compose_sql(sql, params)
+        try:
+            logged = sql if params is None else self.db.ops.compose_sql(sql, params)
+        except psycopg.DataError:  # as Django's own: a value it cannot quote
+            logged = sql
         with self.debug_sql(logged, params):
             return CursorWrapper.execute(self, sql, params)
 

@@ -3,10 +3,11 @@
 One process, one scratch database, one Django connection; the two arms are the
 setting ``EFFECT_BROKER_DB_PREPARED_STATEMENTS`` off (every statement bound on the
 client, parsed and planned per call: Django's default) and on (the reservation and the
-fenced compare-and-swap prepared on the server). Each round runs both arms in a
-shuffled order, each arm ``--calls`` calls of every case, so the machine's noise hits
-both. Reported: the median ms per call of each round, as a range over the rounds, and
-the on/off ratio per round. Cases, called as the API and the workers call them:
+fenced compare-and-swap prepared on the server). Within a round the arms alternate
+call by call, in a shuffled order, ``--calls`` calls of every case each, so the
+machine's noise hits both. Reported: the median ms per call of each round, as a range
+over the rounds, and the on/off ratio per round. Cases, called as the API and the
+workers call them:
 
 * new-key submit (``submit``: reserve + event + dispatch job, one statement);
 * replay (``submit`` of a key taken: the same statement answers it);
@@ -126,36 +127,46 @@ def server_plans() -> list[tuple[str, int, int]]:
 
 
 def run_round(
-    cases: Any, arm_on: bool, calls: int, serial: int
-) -> dict[str, list[float]]:
-    """``calls`` calls of every case, interleaved call by call; seconds per call."""
+    cases: Any, calls: int, serial: int, rng: random.Random
+) -> dict[tuple[str, str], list[float]]:
+    """``calls`` calls of every case in each arm, the arms alternating call by call
+    in a shuffled order (so a burst of load elsewhere hits both); seconds per call."""
     import time
 
     from django.conf import settings
 
     from effect_broker.services import dispatch as dispatch_service
 
-    settings.EFFECT_BROKER_DB_PREPARED_STATEMENTS = arm_on
     # Untimed: the effects the replays, claims and dispatches act on.
-    taken = [cases.submit_new_series("taken", serial + i) for i in range(calls)]
-    to_claim = [cases.submit_new_series("claim", serial + i) for i in range(calls)]
-    to_run = [cases.submit_new_series("run", serial + i) for i in range(calls)]
-    out: dict[str, list[float]] = {case: [] for case in CASES}
+    ready = {
+        label: (
+            [cases.submit_new_series(f"taken{k}", serial + i) for i in range(calls)],
+            [cases.submit_new_series(f"claim{k}", serial + i) for i in range(calls)],
+            [cases.submit_new_series(f"run{k}", serial + i) for i in range(calls)],
+        )
+        for k, (label, _) in enumerate(ARMS)
+    }
+    out: dict[tuple[str, str], list[float]] = {}
     clock = time.perf_counter
     for i in range(calls):
-        t0 = clock()
-        cases.submit_new(serial + i)
-        t1 = clock()
-        cases.submit_replay_of(taken[i])
-        t2 = clock()
-        cases.claim(to_claim[i])
-        t3 = clock()
-        dispatch_service.dispatch(to_run[i].effect_id, worker="bench-ab")
-        t4 = clock()
-        out["new-key submit"].append(t1 - t0)
-        out["replay"].append(t2 - t1)
-        out["claim"].append(t3 - t2)
-        out["dispatch"].append(t4 - t3)
+        arms = list(ARMS)
+        rng.shuffle(arms)
+        for label, on in arms:
+            settings.EFFECT_BROKER_DB_PREPARED_STATEMENTS = on
+            taken, to_claim, to_run = ready[label]
+            t0 = clock()
+            cases.submit_new_series(f"new-{label}", serial + i)
+            t1 = clock()
+            cases.submit_replay_of(taken[i])
+            t2 = clock()
+            cases.claim(to_claim[i])
+            t3 = clock()
+            dispatch_service.dispatch(to_run[i].effect_id, worker="bench-ab")
+            t4 = clock()
+            for case, spent in zip(
+                CASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True
+            ):
+                out.setdefault((label, case), []).append(spent)
     return out
 
 
@@ -230,17 +241,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             runtime.reset()
             with runtime.override(registry=load_contracts(contracts)):
                 cases = BrokerCases(bench_tenant())
-                run_round(cases, True, 50, 10_000_000)  # warm-up, both arms
-                run_round(cases, False, 50, 20_000_000)
+                run_round(cases, 50, 10_000_000, rng)  # warm-up, both arms
                 for n in range(args.rounds):
-                    arms = list(ARMS)
-                    rng.shuffle(arms)
-                    for k, (label, on) in enumerate(arms):
-                        serial = (n * 2 + k + 3) * 10_000_000
-                        for case, values in run_round(
-                            cases, on, args.calls, serial
-                        ).items():
-                            samples.add(label, case, values)
+                    found = run_round(cases, args.calls, (n + 2) * 10_000_000, rng)
+                    for (label, case), values in found.items():
+                        samples.add(label, case, values)
                     print(f"  round {n + 1}: done", file=sys.stderr, flush=True)
                 plans = server_plans()
                 settings.EFFECT_BROKER_DB_PREPARED_STATEMENTS = True
