@@ -113,6 +113,37 @@ def planning_ms(
     return out
 
 
+#: How the reservation statement alone is sent, in ``statement_only``.
+SENDS = ("client-bound", "server-bound, not prepared", "prepared")
+
+
+def statement_only(
+    database_url: str, statements: list[tuple[str, list[Any]]]
+) -> dict[str, list[float]]:
+    """The captured reservations (new keys) executed on a bare psycopg connection,
+    the three ways of ``SENDS`` in turn: where the time a prepared statement saves
+    comes from (client-side quoting, parse and analysis, planning). Seconds each."""
+    import time
+
+    import psycopg
+
+    out: dict[str, list[float]] = {send: [] for send in SENDS}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        client = psycopg.ClientCursor(conn)
+        server = conn.cursor()
+        for n, (statement, params) in enumerate(statements):
+            send = SENDS[n % len(SENDS)]
+            t0 = time.perf_counter()
+            if send == "client-bound":
+                client.execute(statement, params)
+                client.fetchall()
+            else:
+                server.execute(statement, params, prepare=send == "prepared")
+                server.fetchall()
+            out[send].append(time.perf_counter() - t0)
+    return out
+
+
 def server_plans() -> list[tuple[str, int, int]]:
     """This connection's prepared statements: (first words, generic, custom plans)."""
     from django.db import connection
@@ -264,12 +295,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ]
                 reserve_plan = planning_ms(db.url, reserves)
                 claim_plan = planning_ms(db.url, claims)
+                alone = statement_only(
+                    db.url,
+                    [
+                        capture(partial(cases.submit_new, 95_000_000 + i))
+                        for i in range(args.explains * 6)
+                    ],
+                )
             runtime.reset()
     print(table(samples))
     print()
     print("Planning time per EXPLAIN (ANALYZE), alternating client-bound and prepared:")
     print("\n".join(explain_lines("reservation (new key, with job)", reserve_plan)))
     print("\n".join(explain_lines("claim CAS (start_attempt)", claim_plan)))
+    print()
+    print("The reservation statement alone (new keys, bare psycopg, in turn):")
+    for send in SENDS:
+        values = alone[send][5:]  # the prepared one: after five custom plans
+        print(
+            f"- {send}: median {statistics.median(values) * 1e3:.3f} ms "
+            f"(p25 {statistics.quantiles(values, n=4)[0] * 1e3:.3f}, "
+            f"p75 {statistics.quantiles(values, n=4)[2] * 1e3:.3f}, n={len(values)})"
+        )
     print()
     print("The bench connection's prepared statements (first words, generic, custom):")
     for text, generic, custom in plans:
