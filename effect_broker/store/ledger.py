@@ -7,6 +7,10 @@ half-written if it fails. Run inside a caller's ``transaction.atomic()`` it comm
 rolls back with the caller's other writes (e.g. a re-deferred job). Each version bump
 appends exactly one event whose ``sequence`` equals the new version, so "events ==
 version" is an invariant a reader can check without trusting the writer.
+
+The reservation and the compare-and-swap are prepared on the server, once per
+connection (``store/prepared.py``; ``EFFECT_BROKER_DB_PREPARED_STATEMENTS=off`` sends
+them as Django sends everything else).
 """
 
 from __future__ import annotations
