@@ -152,6 +152,20 @@ DATABASES = {
         )
     )
 }
+#: Whether the hottest ledger statements (reservation, fenced transitions) are
+#: prepared on the server (effect_broker.store.prepared). Set "off" when connections
+#: go through a transaction-mode pooler that does not keep prepared statements
+#: (PgBouncer before 1.21, or 1.21+ with max_prepared_statements = 0).
+_prepared = (
+    os.environ.get("EFFECT_BROKER_DB_PREPARED_STATEMENTS", "").strip().lower() or "on"
+)
+if _prepared not in ("on", "off"):
+    from effect_broker.domain.errors import ConfigurationError
+
+    raise ConfigurationError(
+        f"EFFECT_BROKER_DB_PREPARED_STATEMENTS must be on or off, got {_prepared!r}"
+    )
+EFFECT_BROKER_DB_PREPARED_STATEMENTS = _prepared == "on"
 #: The API process's in-flight request limit (effect_broker.api.admission).
 EFFECT_BROKER_API_ADMISSION = capacity.admission(
     EFFECT_BROKER_PROCESS_ROLE, DATABASES["default"]

@@ -18,7 +18,7 @@ from django.db import connection
 from effect_broker.domain.event_chain import GENESIS_DIGEST
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus
-from effect_broker.store import sql
+from effect_broker.store import prepared, sql
 from effect_broker.store.ledger import (
     NewIntent,
     QueuedJob,
@@ -113,15 +113,19 @@ def reserve_many(
         "genesis": GENESIS_DIGEST,
     }
     found: dict[str, tuple[EffectRecord, bool]] = {}
-    with connection.cursor() as cur:
+    # Prepared on the server (store/prepared.py): the batch's text is the same for
+    # every size (its items are one JSON parameter), so one plan serves them all.
+    with prepared.cursor() as cur:
         cur.execute(statement, params)
-        for row in cur.fetchall():
-            record = record_from_row(row[:-1])
-            found[record.operation_key] = (record, bool(row[-1]))
-        # Neither inserted nor there before: a concurrent inserter of the same key
-        # committed while this statement waited on it (ON CONFLICT); read the winners.
-        missing = [k for k in keys if k not in found]
-        if missing:
+        rows = cur.fetchall()
+    for row in rows:
+        record = record_from_row(row[:-1])
+        found[record.operation_key] = (record, bool(row[-1]))
+    # Neither inserted nor there before: a concurrent inserter of the same key
+    # committed while this statement waited on it (ON CONFLICT); read the winners.
+    missing = [k for k in keys if k not in found]
+    if missing:
+        with connection.cursor() as cur:
             cur.execute(sql.SELECT_INTENTS_BY_KEYS, [tenant_id, missing])
             for row in cur.fetchall():
                 record = record_from_row(row)

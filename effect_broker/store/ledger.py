@@ -7,6 +7,10 @@ half-written if it fails. Run inside a caller's ``transaction.atomic()`` it comm
 rolls back with the caller's other writes (e.g. a re-deferred job). Each version bump
 appends exactly one event whose ``sequence`` equals the new version, so "events ==
 version" is an invariant a reader can check without trusting the writer.
+
+The reservation and the compare-and-swap are prepared on the server, once per
+connection (``store/prepared.py``; ``EFFECT_BROKER_DB_PREPARED_STATEMENTS=off`` sends
+them as Django sends everything else).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from effect_broker.domain.event_chain import GENESIS_DIGEST, EventFacts, event_d
 from effect_broker.domain.ids import new_row_id
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus, check_transition
-from effect_broker.store import sql
+from effect_broker.store import prepared, sql
 from effect_broker.store.db_time import DbTime
 from effect_broker.store.rows import record_from_row
 
@@ -221,13 +225,17 @@ def reserve(
     else:
         statement = sql.RESERVE_INTENT.format(job="", job_source="")
     params += [intent.tenant_id, intent.operation_key]
-    with connection.cursor() as cur:
+    # Prepared on the server: the hottest statement of all, planned once per
+    # connection instead of on every submit (store/prepared.py).
+    with prepared.cursor() as cur:
         cur.execute(statement, params)
         row = cur.fetchone()
-        if row is not None:
-            return record_from_row(row[1:]), bool(row[0])
-        # Both branches empty: ON CONFLICT waited for a concurrent inserter of this key
-        # whose commit this statement's snapshot predates. A new statement sees it.
+    if row is not None:
+        return record_from_row(row[1:]), bool(row[0])
+    # Both branches empty: ON CONFLICT waited for a concurrent inserter of this key
+    # whose commit this statement's snapshot predates. A new statement sees it; it is
+    # rare, so it is not prepared (a first execution costs a round trip more).
+    with connection.cursor() as cur:
         cur.execute(sql.SELECT_INTENT_BY_KEY, [intent.tenant_id, intent.operation_key])
         existing = cur.fetchone()
     if existing is None:  # pragma: no cover - a conflict implies the row exists
@@ -336,8 +344,9 @@ def _compare_and_swap(
     # One statement, no savepoint and no transaction of its own: in autocommit it is
     # its own transaction (one round trip, one commit); inside a caller's transaction a
     # refused CAS writes nothing and leaves that transaction usable, and any error
-    # rolls the whole statement back - event and riders included.
-    with connection.cursor() as cur:
+    # rolls the whole statement back - event and riders included. Prepared on the
+    # server (store/prepared.py): a dispatch runs two of these, claim and outcome.
+    with prepared.cursor() as cur:
         event, _ = _event_params(
             record.effect_id,
             sequence=record.version + 1,
@@ -360,8 +369,9 @@ def _compare_and_swap(
             params.extend(rider.params)
         cur.execute(statement, params)
         row = cur.fetchone()
-        if row is not None:
-            return record_from_row(row)
+    if row is not None:
+        return record_from_row(row)
+    with connection.cursor() as cur:  # a refused fence: rare, not prepared
         cur.execute(sql.SELECT_VERSION, [record.effect_id])
         current = cur.fetchone()
     raise StaleWriteError(
