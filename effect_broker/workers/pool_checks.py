@@ -103,9 +103,10 @@ def use_on_django_pool(alias: str = "default") -> bool:
 
     # Django builds the pool here (not opened) if need be; None: not pooled.
     pool: ConnectionPool[Any] | None = getattr(connections[alias], "pool", None)
-    if pool is None or pool._check is None:
-        return False
     # psycopg_pool reads ``_check`` on every getconn; Django offers no other way in.
+    # A psycopg_pool without it keeps its own check (safe, one commit dearer).
+    if pool is None or getattr(pool, "_check", None) is None:
+        return False
     pool._check = check_when_in_doubt
     return True
 

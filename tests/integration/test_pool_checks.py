@@ -152,3 +152,21 @@ def test_procrastinates_pool_replaces_a_connection_killed_while_idle(
 
     dead, lent = asyncio.run(scenario())
     assert lent != dead
+
+
+def test_the_worker_puts_the_check_on_djangos_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django.db import connections
+
+    monkeypatch.setitem(connections["default"].settings_dict, "OPTIONS", {})
+    assert not pool_checks.use_on_django_pool()  # no pool: nothing to do
+    pool = _pool(
+        url_from_settings(connection.settings_dict), ConnectionPool.check_connection
+    )
+    with pool:
+        monkeypatch.setattr(
+            type(connections["default"]), "pool", property(lambda _: pool)
+        )
+        assert pool_checks.use_on_django_pool()
+        assert pool._check is check_when_in_doubt
