@@ -1,10 +1,12 @@
 """Wake-ups on effect changes: LISTEN to the NOTIFY that migration 0009 sends.
 
 Every transition appends one ``effect_events`` row, and its trigger notifies
-``CHANNEL`` with the effect id at commit. A listener is a dedicated autocommit
-connection (LISTEN on a pooled or transactional connection would miss notifications or
-hold a transaction open), opened to the same database Django uses. One such connection
-serves every waiter of a process (``services.awaiting.ChangeHub``).
+``CHANNEL`` with the effect id at commit when the new state is one a waiter can stop
+in (migration 0014: final, manual review, outcome unknown). A listener is a
+dedicated autocommit connection (LISTEN on a pooled or transactional connection would
+miss notifications or hold a transaction open), opened to the same database Django
+uses. One such connection serves every waiter of a process
+(``services.awaiting.ChangeHub``).
 """
 
 from __future__ import annotations

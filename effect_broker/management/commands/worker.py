@@ -106,11 +106,14 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         name = options["name"]
-        from procrastinate import PsycopgConnector
         from procrastinate.contrib.django import app
         from procrastinate.contrib.django.utils import connector_params
 
         from config.capacity import POOL_RECONNECT_SECONDS
+        from effect_broker.workers.pool_checks import (
+            procrastinate_connector,
+            use_on_django_pool,
+        )
         from effect_broker.workers.supervision import WorkerSupervisor, database_probe
 
         plan = WorkerPlan(
@@ -131,10 +134,13 @@ class Command(BaseCommand):
         # as DjangoConnector.get_worker_connector builds it - plus the short reconnect
         # backoff our Django pools have (config.capacity.POOL_RECONNECT_SECONDS), so
         # the heartbeat and fetches come back as soon as the database does.
+        # Both pools test a connection only when in doubt, not on every checkout
+        # (effect_broker.workers.pool_checks: three commits per effect, issue 13).
         params = connector_params()
-        worker_connector = PsycopgConnector(
-            kwargs=params, reconnect_timeout=POOL_RECONNECT_SECONDS
+        worker_connector = procrastinate_connector(
+            params, reconnect_timeout=POOL_RECONNECT_SECONDS
         )
+        use_on_django_pool()
         with app.replace_connector(worker_connector) as worker_app:
             supervisor = WorkerSupervisor(worker_app, plan, probe=database_probe(params))
             code = asyncio.run(supervisor.run())
