@@ -27,6 +27,11 @@ from effect_broker.api.body_limit import BodySizeLimit  # noqa: E402
 from effect_broker.api.query_credentials import QueryCredentialGuard  # noqa: E402
 from effect_broker.mcp.server import mcp_settings_from_env  # noqa: E402
 from effect_broker.mcp.transports import McpEndpoint, McpMount  # noqa: E402
+from effect_broker.store.pool_checks import use_on_django_pool  # noqa: E402
+
+# The pool tests a connection with a round trip only when in doubt (something waits on
+# its socket, it is new, or it sat idle > 5 s), not on every request (issue 13).
+use_on_django_pool()
 
 
 def _close_pools() -> None:

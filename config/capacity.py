@@ -145,8 +145,9 @@ def apply_role(database: dict[str, Any], role: str) -> dict[str, Any]:
     what keeps connections) and health checks are on: the pool then tests a
     connection before lending it, so a connection that died while idle (database
     restart) is replaced instead of failing the request or job that draws it. The
-    worker commands then swap psycopg_pool's every-checkout query for a check that
-    asks the server only when in doubt (``effect_broker.workers.pool_checks``).
+    worker commands and the API process then swap psycopg_pool's every-checkout query
+    for a check that asks the server only when in doubt
+    (``effect_broker.store.pool_checks``).
     """
     entry = {**database, "OPTIONS": dict(database.get("OPTIONS") or {})}
     size = pool_size(role)

@@ -12,7 +12,7 @@ from effect_broker.domain.errors import EffectNotFoundError
 from effect_broker.domain.event_chain import EventFacts, verify_chain
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus
-from effect_broker.store import sql
+from effect_broker.store import prepared, sql
 from effect_broker.store.rows import json_value, record_from_row
 
 
@@ -101,8 +101,8 @@ def load_for_dispatch(
     effect_id: str, *, offset: timedelta = timedelta(0)
 ) -> DispatchRead:
     """A worker's single read before a dispatch: the row, its sealed arguments and the
-    database's clock."""
-    with connection.cursor() as cur:
+    database's clock. Prepared on the server, as the claim and outcome after it."""
+    with prepared.cursor() as cur:
         cur.execute(sql.SELECT_INTENT_FOR_DISPATCH, _params(offset, effect_id))
         row = cur.fetchone()
     if row is None:

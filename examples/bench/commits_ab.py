@@ -1,5 +1,5 @@
 """Commits, CPU and drain time per dispatched effect: pools that test every checkout
-(before) vs. ``effect_broker.workers.pool_checks`` (after), interleaved.
+(before) vs. ``effect_broker.store.pool_checks`` (after), interleaved.
 
 One scratch database, one worker process (concurrency 1) per window, the in-process
 simulated target. Each round runs both arms in shuffled order; an arm's round is an

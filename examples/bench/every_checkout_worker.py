@@ -1,5 +1,5 @@
 """``effect-broker worker`` whose pools test every connection they lend, as before
-``effect_broker.workers.pool_checks`` (psycopg_pool's empty query on every checkout,
+``effect_broker.store.pool_checks`` (psycopg_pool's empty query on every checkout,
 Django's and procrastinate's pool alike), everything else as shipped. Only the
 commits A/B bench (``examples.bench.commits_ab``) starts it::
 
@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from effect_broker.cli import main
-from effect_broker.workers import pool_checks
+from effect_broker.store import pool_checks
 
 
 def _always(conn: Any, now: float | None = None) -> bool:

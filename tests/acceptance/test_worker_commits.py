@@ -11,7 +11,7 @@ as long with nothing to do; the difference, per effect, is what a dispatch costs
         read serves every NOTIFY that arrived meanwhile)
 
 PostgreSQL wakes every listening backend of the database for every NOTIFY, whatever
-its channel. Before ``workers.pool_checks`` both pools sent an empty query on every
+its channel. Before ``store.pool_checks`` both pools sent an empty query on every
 checkout (3 more per effect), and before migration 0014 the claim notified too (1
 more): ~10 in all, and this test failed.
 """

@@ -1,4 +1,4 @@
-"""The workers' pool check (``effect_broker.workers.pool_checks``) on real PostgreSQL.
+"""The workers' pool check (``effect_broker.store.pool_checks``) on real PostgreSQL.
 
 A hot connection is lent without a round trip; one whose backend was terminated while
 it sat in the pool (what a restart or crash does to every pooled connection) is
@@ -20,8 +20,8 @@ from django.db import connection
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from config.database import url_from_settings
-from effect_broker.workers import pool_checks
-from effect_broker.workers.pool_checks import (
+from effect_broker.store import pool_checks
+from effect_broker.store.pool_checks import (
     check_when_in_doubt,
     check_when_in_doubt_async,
     needs_round_trip,

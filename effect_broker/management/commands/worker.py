@@ -110,7 +110,7 @@ class Command(BaseCommand):
         from procrastinate.contrib.django.utils import connector_params
 
         from config.capacity import POOL_RECONNECT_SECONDS
-        from effect_broker.workers.pool_checks import (
+        from effect_broker.store.pool_checks import (
             procrastinate_connector,
             use_on_django_pool,
         )
@@ -135,7 +135,7 @@ class Command(BaseCommand):
         # backoff our Django pools have (config.capacity.POOL_RECONNECT_SECONDS), so
         # the heartbeat and fetches come back as soon as the database does.
         # Both pools test a connection only when in doubt, not on every checkout
-        # (effect_broker.workers.pool_checks: three commits per effect, issue 13).
+        # (effect_broker.store.pool_checks: three commits per effect, issue 13).
         params = connector_params()
         worker_connector = procrastinate_connector(
             params, reconnect_timeout=POOL_RECONNECT_SECONDS

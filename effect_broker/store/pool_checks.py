@@ -25,10 +25,14 @@ was so with the empty query too, and a job that meets it fails and is retried (i
 
 Where it is installed: the worker commands (``effect-broker worker``, ``reconciler``)
 build procrastinate's pool with it (``procrastinate_connector``) and put it on
-Django's pool (``use_on_django_pool``). Django hands its pool psycopg_pool's own check
-when ``CONN_HEALTH_CHECKS`` is on and accepts no other (its ``pool`` property passes
-``check=`` itself), so the check is swapped on the pool it built. Anything else with
-a pool (the API, ``procrastinate worker``) keeps the empty query on every checkout.
+Django's pool (``use_on_django_pool``); the API process (``config/asgi.py``) puts it on
+Django's pool too, where the empty query was one round trip per request that
+``/healthz`` (no database) does not make. Django hands its pool psycopg_pool's own
+check when ``CONN_HEALTH_CHECKS`` is on and accepts no other (its ``pool`` property
+passes ``check=`` itself), so the check is swapped on the pool it built. Anything
+else with a pool (``procrastinate worker``) keeps the empty query on every checkout.
+A request that meets a connection which died after its check is answered 503
+``database_unavailable`` (issue 11), as it was with the empty query.
 """
 
 from __future__ import annotations
