@@ -354,7 +354,17 @@ def test_sigterm_lets_the_running_job_finish_then_exits_0(stack: Stack) -> None:
         assert "stop requested: finishing running jobs" in log
         assert "Waiting for job to finish" in log  # procrastinate: it was in flight
         outcome = settled(stack, [key])
-        assert outcome is not None, "the running charge was not finished"
+        if outcome is None:
+            with stack.ledger() as conn:
+                events = conn.execute(
+                    "SELECT v.event_type, v.new_status, v.actor FROM effect_events v "
+                    "JOIN effect_intents e ON e.id = v.effect_id "
+                    "WHERE e.operation_key = %s ORDER BY v.sequence",
+                    [key],
+                ).fetchall()
+            pytest.fail(
+                f"the running charge was not finished: {events}\n{worker.log_tail()}"
+            )
         status, downstream = outcome[key]
         assert status == "succeeded"
         assert stack.target.count_by_key(SCENARIO, downstream) == 1
