@@ -20,13 +20,12 @@ import math
 import os
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from examples.bench.ab_worker import one_worker
 
 #: (label, the worker module ``python -m`` starts)
 ARMS = [
@@ -114,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     before = meter.read()
                     pg_before = meter.server_cpu()
                     started = time.monotonic()
-                    with one_worker(module, env, db.url) as pid:
+                    with one_worker(module, env, db.url, name="commits-ab") as pid:
                         drain = until()
                         time.sleep(max(0.0, args.seconds - (time.monotonic() - started)))
                         cpu = process_cpu(pid)
@@ -187,40 +186,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"| {_span(arm.pg_cpu_ms)} | {_span(arm.drain_ms)} |"
         )
     return 0
-
-
-@contextmanager
-def one_worker(module: str, env: dict[str, str], database_url: str) -> Iterator[int]:
-    """One worker process (concurrency 1) started with ``python -m module``, ready
-    (registered, first fetch done) when its pid is yielded."""
-    from examples.bench.environment import _registered_workers
-    from examples.crash_matrix.workers import ROOT, wait_until
-
-    before = _registered_workers(database_url)
-    args = ["worker"] if module == "effect_broker.cli" else []
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", module, *args, "-n", "commits-ab", "-c", "1"],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-
-            def ready() -> bool:
-                if process.poll() is not None:
-                    log.seek(0)
-                    raise RuntimeError(f"worker exited: {log.read()[-2000:]!r}")
-                return _registered_workers(database_url) > before
-
-            wait_until(ready, timeout=60, interval=0.1, what="the worker to start")
-            yield process.pid
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,10 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from examples.bench.ab_worker import one_worker
 
 #: (label, the worker module `python -m` starts)
 ARMS = [
@@ -66,43 +67,6 @@ def count_fetches(database_url: str, name: str) -> None:
         conn.execute(f"ALTER DATABASE \"{name}\" SET track_functions = 'pl'")
 
 
-@contextmanager
-def one_worker(module: str, env: dict[str, str], database_url: str) -> Iterator[None]:
-    """One worker process (concurrency 1) started with ``python -m module``."""
-    import subprocess
-    import tempfile
-
-    from examples.bench.environment import _registered_workers
-    from examples.crash_matrix.workers import ROOT, wait_until
-
-    before = _registered_workers(database_url)
-    args = ["worker"] if module == "effect_broker.cli" else []
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", module, *args, "-n", "wakeup-ab", "-c", "1"],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-
-            def ready() -> bool:
-                if process.poll() is not None:
-                    log.seek(0)
-                    raise RuntimeError(f"worker exited: {log.read()[-2000:]!r}")
-                return _registered_workers(database_url) > before
-
-            wait_until(ready, timeout=60, interval=0.1, what="the worker to start")
-            time.sleep(0.3)  # its first (empty) fetch
-            yield
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run both arms; print the table."""
     parser = argparse.ArgumentParser(
@@ -139,7 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for n_arm, (label, module) in enumerate(ARMS):
                         pipeline.drain_stale_jobs()
                         arm = Arm(label)
-                        with one_worker(module, services.worker_env(), db.url):
+                        with one_worker(
+                            module, services.worker_env(), db.url, name="wakeup-ab"
+                        ):
+                            time.sleep(0.3)  # its first (empty) fetch
                             for i in range(20):  # warm-up
                                 pipeline.job_one()
                                 pipeline.broker_one(n_arm * 1_000_000 + i)
