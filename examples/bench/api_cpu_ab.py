@@ -28,19 +28,18 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from examples.bench.http_client import ARGUMENTS
+
+if TYPE_CHECKING:
+    from examples.bench.http_servers import ApiServer
 
 
 @dataclass
@@ -50,9 +49,7 @@ class Arm:
     label: str
     root: Path
     rounds: list[dict[str, float]] = field(default_factory=list)
-    port: int = 0
-    process: subprocess.Popen[bytes] | None = None
-    log: IO[bytes] | None = None
+    server: ApiServer | None = None
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -98,52 +95,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _start(arm: Arm, env: dict[str, str], workdir: Path) -> None:
-    from examples.bench.http_servers import free_port
+def _start(arm: Arm, env: dict[str, str], workdir: Path) -> ApiServer:
+    """The bench's own API process (``http_servers.ApiServer``), serving ``arm.root``."""
+    from examples.bench.http_servers import ApiServer, Variant
 
-    arm.port = free_port()
-    arm.log = (workdir / f"uvicorn-{arm.label}.log").open("wb")
-    url = env["DATABASE_URL"]
-    sep = "&" if "?" in url else "?"
-    arm.process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "config.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(arm.port),
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ],
-        cwd=arm.root,
-        env={
-            "EFFECT_BROKER_TENANT_SUBMIT_RATE": "0",  # as http_servers.ApiServer
-            **env,
-            "PYTHONPATH": str(arm.root),
-            "DATABASE_URL": f"{url}{sep}application_name=eb-ab-{arm.label}",
-        },
-        stdout=arm.log,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def _wait_ready(arm: Arm) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert arm.process is not None
-        if arm.process.poll() is not None:
-            raise RuntimeError(f"{arm.label}: API exited (see its log)")
-        try:
-            if httpx.get(f"http://127.0.0.1:{arm.port}/healthz").status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{arm.label}: API did not start")
+    variant = Variant(f"ab-{arm.label}", arm.label, ("config.asgi:application",))
+    arm.server = ApiServer(variant, env, workdir, root=arm.root)
+    return arm.server
 
 
 #: --breakdown's cases, in the order they run.
@@ -188,8 +146,8 @@ def _measure(
     from examples.bench.http_client import LevelResult, run_level
     from examples.bench.http_servers import process_cpu
 
-    assert arm.process is not None
-    pid = arm.process.pid
+    assert arm.server is not None
+    pid = arm.server.process.pid
     result = LevelResult(arm.label, case.key, level, args.seconds)
     marks: dict[str, float] = {}
 
@@ -201,7 +159,7 @@ def _measure(
 
     asyncio.run(
         run_level(
-            base_url=f"http://127.0.0.1:{arm.port}",
+            base_url=arm.server.url,
             api_key=api_key,
             case=case,
             concurrency=level,
@@ -260,9 +218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for arm in args.arms:
                 _start(arm, env, workdir)
             for arm in args.arms:
-                _wait_ready(arm)
-                assert arm.process is not None
-                print(f"{arm.label}: pid {arm.process.pid} ({arm.root})", flush=True)
+                server = arm.server
+                assert server is not None
+                server.wait_ready()
+                print(f"{arm.label}: pid {server.process.pid} ({arm.root})", flush=True)
             for n in range(args.rounds):
                 order = list(args.arms)
                 random.shuffle(order)
@@ -294,11 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"round {n + 1} {arm.label:>8}: {_line(row)}", flush=True)
         finally:
             for arm in args.arms:
-                if arm.process is not None and arm.process.poll() is None:
-                    arm.process.terminate()
-                    arm.process.wait(timeout=15)
-                if arm.log is not None:
-                    arm.log.close()
+                if arm.server is not None:
+                    arm.server.stop()
     print()
     print(
         "| arm | submits/s | /healthz/s | ratio | API CPU ms: submit | /healthz "

@@ -125,7 +125,10 @@ VARIANTS = {
 class ApiServer:
     """One real ``uvicorn`` API process (one worker process) on a free port."""
 
-    def __init__(self, variant: Variant, env: dict[str, str], log_dir: Path) -> None:
+    def __init__(
+        self, variant: Variant, env: dict[str, str], log_dir: Path, root: Path = ROOT
+    ) -> None:
+        """``root``: the source tree to serve (``api_cpu_ab`` compares two trees)."""
         self.variant = variant
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -143,6 +146,8 @@ class ApiServer:
             **variant.env,
             "DATABASE_URL": f"{url}{sep}application_name={self.application_name}",
         }
+        if root != ROOT:
+            full_env["PYTHONPATH"] = str(root)
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -157,7 +162,7 @@ class ApiServer:
                 "--log-level",
                 "warning",
             ],
-            cwd=ROOT,
+            cwd=root,
             env=full_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
