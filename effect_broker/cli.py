@@ -57,16 +57,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("effect-broker: interrupted\n")
         return 130
+    except BrokenPipeError:
+        # `effect-broker effects list | head`: the reader has what it wanted. Stop
+        # quietly, as a Unix tool killed by SIGPIPE would (128 + 13), and point stdout
+        # at /dev/null so the interpreter's final flush does not raise again.
+        _discard_stdout()
+        return 141
     except Exception as exc:  # never a traceback to a user, unless they ask for it
         if os.environ.get("EFFECT_BROKER_DEBUG"):
             raise
         first_line = (str(exc).strip().splitlines() or [""])[0]
+        if _is_unmigrated(exc):
+            sys.stderr.write(
+                f"effect-broker: error [database]: {first_line}: the database is not "
+                "migrated; run `effect-broker migrate` first\n"
+            )
+            return 1
         sys.stderr.write(
             f"effect-broker: error [{_category(exc)}]: {type(exc).__name__}: "
             f"{first_line} (set EFFECT_BROKER_DEBUG=1 for the traceback)\n"
         )
         return 1
     return 0
+
+
+def _discard_stdout() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _is_unmigrated(exc: Exception) -> bool:
+    """True for "relation ... does not exist" on one of the broker's own tables."""
+    from django.db import ProgrammingError
+    from psycopg import errors
+
+    return isinstance(exc, ProgrammingError) and isinstance(
+        exc.__cause__, errors.UndefinedTable
+    )
 
 
 def _category(exc: Exception) -> str:

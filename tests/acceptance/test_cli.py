@@ -99,3 +99,46 @@ def test_help_lists_the_project_commands() -> None:
     assert result.returncode == 0
     for command in ("db", "demo", "tenants"):
         assert command in result.stdout
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly() -> None:
+    # Given a pipe whose reader has already gone (`effect-broker help | head -0`)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        # When a command writes to it
+        result = subprocess.run(
+            [sys.executable, "-m", "effect_broker.cli", "help"],
+            cwd=ROOT,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    # Then it stops as a Unix tool stopped by SIGPIPE does: no error line, no traceback
+    assert result.stderr == ""
+    assert result.returncode == 141
+
+
+@pytest.mark.django_db
+def test_an_unmigrated_database_names_the_command_that_fixes_it() -> None:
+    # Given a database with no broker tables
+    env = scratch_db_env()
+    from django.db import connection
+
+    with connection._nodb_cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{env["EB_SCRATCH"]}"')
+    try:
+        # When an operator lists effects there
+        result = run("effects", "list", env=env)
+    finally:
+        drop(env["EB_SCRATCH"])
+    # Then one line says what is wrong and what to run
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "does not exist" in lines[0]
+    assert "run `effect-broker migrate` first" in lines[0]
