@@ -349,6 +349,8 @@ def test_a_chunked_unauthenticated_upload_over_the_limit_is_413_before_it_is_rea
     # and the server stopped it near the limit: what was sent before the answer is
     # the limit plus what the socket buffers hold, far from the 300 MiB
     assert sent < 16 << 20, sent
+    # Only a liveness bound (issue 19): the byte count above is the guarantee; this
+    # says the exchange did not hang, with room for a loaded machine.
     assert elapsed < 30
 
 
