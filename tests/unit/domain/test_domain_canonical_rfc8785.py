@@ -1,6 +1,6 @@
 """RFC 8785 (JCS) test vectors, and where the broker's number profile departs from them.
 
-The rule, stated once in README "Canonical JSON and numbers": every JSON number must be
+The rule, stated once in README "JSON shapes" > "Numbers": every JSON number must be
 finite and, read as an IEEE-754 double (an integer without fraction or exponent: read
 exactly), lie within ±(2^53-1); a non-zero number that would read as 0 is refused.
 Within that range the bytes are RFC 8785's. RFC 8785 itself accepts every finite
