@@ -7,9 +7,14 @@ mean the same JSON must give the same bytes (key order, ``1`` vs ``1.0``, ``-0.0
 and anything whose meaning could shift between a Python caller, the JSON wire and a
 target API is refused rather than guessed at.
 
+The number rule (README "JSON shapes", "Numbers"; issue 19) is stricter than RFC 8785:
+every number, integer or not, must lie within ±(2**53-1). RFC 8785 accepts any finite
+double, but writes doubles between 2**53 and 1e21 as integer digits (2**68 becomes
+``295147905179352830000``) that an exact-integer reader takes for another number.
+
 ``rfc8785`` already refuses NaN/±Infinity, integers beyond ±(2**53-1), non-string keys
-and unknown types, but it serialises huge integral floats (``1e20``) as exact digits and
-only accepts ``dict``/``list``/``tuple`` containers. ``validate_json_value`` therefore
+and unknown types, but accepts such floats and only accepts ``dict``/``list``/``tuple``
+containers. ``validate_json_value`` therefore
 walks the value first with one rule set (shared with ``parse_json_strict``) and with
 error messages that carry the JSON path; rfc8785's own errors are still wrapped.
 """
@@ -109,8 +114,9 @@ def _normalise(value: object, trail: _Trail, walk: _Walk) -> Any:
         if math.isnan(value) or math.isinf(value):
             where = _path(trail)
             raise InvalidJsonError(f"{value} at {where} is not a JSON number", path=where)
-        # Every float beyond 2**53 is integral; rfc8785 would print 1e20 as exact
-        # digits a double cannot hold, so the same range rule as for ints applies.
+        # The same range rule as for ints (module docstring): rfc8785 would print
+        # 1.2345678901234567e20 as 123456789012345670000, which an exact reader
+        # takes for an integer the double is not.
         if abs(value) > MAX_SAFE_INTEGER:
             raise _out_of_range(_path(trail))
         walk.plain = False  # ECMAScript number formatting: rfc8785's job

@@ -179,6 +179,11 @@ def pooled(scratch: Scratch) -> Iterator[Server]:
             "EFFECT_BROKER_API_DB_POOL_MIN_SIZE": "1",
             # generous: this test is about connections, not refusals
             "EFFECT_BROKER_API_QUEUE_TIMEOUT": "60",
+            # No tenant rate limit: its 24 callers are one tenant, and under the
+            # default (100/s, burst 200) a fast enough machine got 429s, so the
+            # verdict followed the machine's speed (issue 19). The limit has its
+            # own tests (tests/integration/test_api_rate_limit.py).
+            "EFFECT_BROKER_TENANT_SUBMIT_RATE": "0",
         },
     )
     yield server
@@ -344,6 +349,8 @@ def test_a_chunked_unauthenticated_upload_over_the_limit_is_413_before_it_is_rea
     # and the server stopped it near the limit: what was sent before the answer is
     # the limit plus what the socket buffers hold, far from the 300 MiB
     assert sent < 16 << 20, sent
+    # Only a liveness bound (issue 19): the byte count above is the guarantee; this
+    # says the exchange did not hang, with room for a loaded machine.
     assert elapsed < 30
 
 

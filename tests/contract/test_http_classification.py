@@ -35,6 +35,7 @@ from effect_broker.domain.errors import (
 )
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import ProbeStatus, SafetyClass
+from effect_broker.services.runtime import EngineTiming
 
 ARGUMENTS = {"order": "42", "amount_minor": 1999, "currency": "EUR"}
 KEY = "dk_" + "A" * 40
@@ -716,6 +717,9 @@ def never_reads(conn: socket.socket, stop: threading.Event) -> None:
     stop.wait(10)
 
 
+SEND_MARGIN = EngineTiming().send_margin.total_seconds()
+
+
 @pytest.mark.parametrize(
     ("then", "read", "arguments", "limit"),
     [
@@ -753,5 +757,11 @@ def test_an_attempt_ends_unknown_when_its_total_time_limit_is_spent(
         elapsed = time.monotonic() - (gate.deadline - limit)
     # Then it gives up as unknown (bytes left) once the limit is spent, not later
     assert caught.value.details["reason"] == "attempt_time_limit"
-    assert limit <= elapsed < limit + 0.8
+    # "Not later" is the send margin: the worker's heartbeat vouches for an attempt
+    # until its limit plus that margin (services/lease.py, beat_due), so an overrun
+    # within it is what the design allows and one beyond it is the defect. Without
+    # the limit the attempt would last as long as the target keeps it busy (4 s to
+    # 10 s). Measured overrun here: 1-21 ms, at a load average of 5 on two CPUs; the
+    # former bound of 0.8 s was a guess, not the guarantee (issue 19).
+    assert limit <= elapsed < limit + SEND_MARGIN
     assert server.connections == 1

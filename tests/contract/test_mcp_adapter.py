@@ -187,6 +187,9 @@ def test_an_upstream_that_dies_mid_call_is_unknown(calls: Calls) -> None:
 def test_a_timeout_is_unknown_and_the_call_is_not_resent(calls: Calls) -> None:
     started = time.monotonic()
     refused(OutcomeUnknownError, adapter(calls, "hang", timeout=timedelta(seconds=1)))
+    # Generous on purpose (issue 19): the bound tells the 1 s timeout from the tool's
+    # 60 s hang, and includes starting the stdio server, which takes seconds on a
+    # loaded machine; it is not a measure of how promptly the timeout fires.
     assert time.monotonic() - started < 30
     time.sleep(1.0)  # a hidden resend would have reached the server by now
     assert [c["tool"] for c in calls.all()] == ["hang"]

@@ -31,7 +31,7 @@ from effect_broker.services.lease import LeaseKeeper
 from effect_broker.services.reconcile import reconcile
 from effect_broker.services.runtime import Runtime, get_runtime
 from effect_broker.services.sweeper import sweep
-from effect_broker.store import load_effect_for_worker
+from effect_broker.store import db_time, load_effect_for_worker
 from tests.integration.engine.harness import TIMING, Bench, WorkerKilled, engine_bench
 
 IDEMPOTENT = SafetyClass.IDEMPOTENT
@@ -198,6 +198,56 @@ def test_after_a_dead_worker_settlement_counts_from_the_end_of_its_lease(bench) 
         seconds=SETTLEMENT
     )
     assert unknown.next_action_at == unknown.settlement_deadline
+
+
+def test_a_probe_sent_before_the_bound_is_not_conclusive_even_if_it_answers_after(
+    bench,
+) -> None:
+    """README: "not found" is conclusive only for a probe issued after the settlement
+    bound, its time read on the database clock BEFORE it is sent (issue 19: moving
+    that read after the probe left every reconciliation test green). A slow lookup
+    that is sent before the bound and answers after it proves nothing: the target
+    may show the commit only once the bound has passed."""
+    # Given an unknown outcome whose settlement deadline is still ahead, made due for
+    # a lookup now (a schedule change, as an operator's request would)
+    record = bench.unknown_outcome(RECONCILABLE, Fault.TIMEOUT_BEFORE_COMMIT)
+    deadline = record.settlement_deadline
+    assert deadline is not None
+    due_now = store.touch(
+        record,
+        event_type="schedule_changed",
+        actor="tester",
+        now=bench.clock.now(),
+        changes={"next_action_at": db_time.after_now(bench.clock.database_offset())},
+    )
+    assert due_now.next_action_at is not None
+    assert due_now.next_action_at < deadline
+    # and a lookup that takes until past the deadline, then answers "not found"
+    target = bench.targets[RECONCILABLE]
+    adapter = bench.adapters[RECONCILABLE]
+    slow_past = (
+        deadline - store.database_now(bench.clock.database_offset())
+    ).total_seconds()
+
+    def slow_probe(request):  # type: ignore[no-untyped-def]
+        bench.advance(slow_past + 1)
+        return target_probe(request)
+
+    target_probe = adapter.inner.probe
+    adapter.inner.probe = slow_probe  # type: ignore[method-assign]
+    scheduled = len(bench.scheduler.requests)
+    # When it is reconciled
+    after = reconcile(record.effect_id, worker="w2")
+    # Then the lookup was made, and its "not found" counts as inconclusive, not as
+    # proof: the effect stays unknown, nothing is requeued or resent
+    assert target.lookups == 1
+    assert after.status is EffectStatus.OUTCOME_UNKNOWN
+    assert after.outcome_in_doubt is True
+    last = EffectEvent.objects.filter(effect_id=record.effect_id).order_by("-sequence")[0]
+    assert last.event_type == "reconcile_inconclusive"
+    assert last.metadata["settled"] is False
+    assert target.requests == 1
+    assert [r[0] for r in bench.scheduler.requests[scheduled:]] == ["reconcile"]
 
 
 def test_a_missing_settlement_deadline_is_never_conclusive() -> None:
