@@ -44,7 +44,11 @@ def submit_refund(server: Server, key: str, n: int) -> httpx.Response:
     return httpx.post(
         f"{server.url}/v1/effects",
         headers={"Authorization": f"Bearer {key}"},
-        json={"operation_key": f"order:{n}:refund", "tool": "refund_card"},
+        json={
+            "operation_key": f"order:{n}:refund",
+            "tool": "refund_card",
+            "arguments": {},
+        },
         timeout=10,
     )
 
