@@ -112,7 +112,7 @@ def test_queue_row_shows_age_tool_contract_safety_and_last_attempt(
     assert 'class="eb-age"' in row
     assert "unsafe_charge" in row
     assert f"{world['unsafe'].contract_name}@{world['unsafe'].contract_version}" in row
-    assert "<td>unsafe</td>" in row
+    assert '<span class="eb-safety">unsafe</span>' in row
     # The last attempt: its outcome, error category and transport facts
     assert "#1 unknown" in row
     attempt = EffectAttempt.objects.get(effect_id=world["unsafe"].effect_id)
