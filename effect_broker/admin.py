@@ -14,6 +14,7 @@ tenants' ``effect_broker.admin_tenants``.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -34,7 +35,7 @@ from effect_broker.admin_ledger import ReadOnlyAdmin
 from effect_broker.admin_tenants import TenantAdmin
 from effect_broker.domain.errors import EffectBrokerError, OperatorForbiddenError
 from effect_broker.models import EffectFork, EffectIntent, EffectReceipt
-from effect_broker.services import forking, operators, resolution
+from effect_broker.services import argument_reads, forking, operators, resolution
 from effect_broker.services.resolution import RESOLVABLE
 
 _PAGE = "admin/effect_broker/operator_page.html"
@@ -73,6 +74,10 @@ class EffectIntentAdmin(ReadOnlyAdmin):
                     ("tool", "contract_name", "contract_version", "safety_class"),
                     ("status", "version", "attempt_count", "outcome_in_doubt"),
                     ("created_at", "updated_at"),
+                    # The contract's preview fields (the amount, the order): what an
+                    # operator decides on, never hidden (issue 20). The full arguments
+                    # are an audited read: the "arguments" page.
+                    "arguments_preview",
                     "fork_links",
                 )
             },
@@ -83,7 +88,6 @@ class EffectIntentAdmin(ReadOnlyAdmin):
                 "classes": ("collapse",),
                 "fields": (
                     "id",
-                    "arguments_preview",
                     "arguments_key_id",
                     "next_action_at",
                     ("lease_owner", "lease_expires_at"),
@@ -177,6 +181,11 @@ class EffectIntentAdmin(ReadOnlyAdmin):
                 name="effect_broker_effectintent_resolve",
             ),
             path(
+                "<uuid:effect_id>/arguments/",
+                self.admin_site.admin_view(self.arguments_view),
+                name="effect_broker_effectintent_arguments",
+            ),
+            path(
                 "<uuid:effect_id>/fork/",
                 self.admin_site.admin_view(self.fork_view),
                 name="effect_broker_effectintent_fork",
@@ -242,6 +251,7 @@ class EffectIntentAdmin(ReadOnlyAdmin):
             "jobs": console.linked_jobs(intent),
             "choices": choices,
             "may_resolve": may_resolve,
+            "awaiting_operator": may_resolve and intent.status in RESOLVABLE,
             "fork_open": "fork" not in closed,
             "resolve_form": ResolveForm(closed=closed) if may_resolve else None,
             # Its own ids: both forms have a reason and an evidence field.
@@ -371,6 +381,39 @@ class EffectIntentAdmin(ReadOnlyAdmin):
             action="",
             submit="Resolve",
         )
+
+    def arguments_view(self, request: HttpRequest, effect_id: Any) -> HttpResponse:
+        """Show one effect's full arguments, after recording the read as an event."""
+        intent = self._operator_target(request, effect_id)
+        form = ReasonForm(request.POST if request.method == "POST" else None)
+        arguments = None
+        if form.is_valid():
+            try:
+                arguments = argument_reads.read_arguments(
+                    intent.tenant,
+                    str(intent.pk),
+                    operator=request.user,
+                    reason=form.cleaned_data["reason"],
+                )
+            except EffectBrokerError as exc:
+                form.add_error(None, f"[{exc.code}] {exc}")
+        response = self._page(
+            request,
+            form,
+            title=f"Arguments of {intent.operation_key}",
+            intro="The full arguments are encrypted at rest. Reading them is recorded "
+            "on the effect's event chain (arguments_read: you, and your reason).",
+            effects=[intent],
+            action="",
+            submit="Show the arguments",
+        )
+        if arguments is not None:
+            assert isinstance(response, TemplateResponse)
+            response.context_data = {
+                **(response.context_data or {}),
+                "arguments": json.dumps(arguments, indent=2, ensure_ascii=False),
+            }
+        return response
 
     def fork_view(self, request: HttpRequest, effect_id: Any) -> HttpResponse:
         """Fork one effect: settle it and reserve a new effect under a new key."""

@@ -165,15 +165,37 @@ def _short(key: str) -> str:
     return key if len(key) <= 60 else key[:57] + "..."
 
 
+def _fork_lineage(cur: Any, effect_ids: list[Any]) -> dict[Any, Any]:
+    """Map each forked effect among ``effect_ids`` to the first effect of its chain."""
+    if not effect_ids:
+        return {}
+    cur.execute(
+        "SELECT old_effect_id, new_effect_id FROM effect_forks"
+        " WHERE old_effect_id = ANY(%s) OR new_effect_id = ANY(%s)",
+        [effect_ids, effect_ids],
+    )
+    parent = {new: old for old, new in cur.fetchall()}
+    roots = {}
+    for effect_id in parent:
+        root = effect_id
+        while root in parent:
+            root = parent[root]
+        roots[effect_id] = root
+    return roots
+
+
 def check_operation_keys(sample: int) -> Check:
     """Lint the newest ``sample`` effects' operation keys (per tenant)."""
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT tenant_id, tool, operation_key, request_hash FROM effect_intents"
+            "SELECT tenant_id, tool, operation_key, request_hash, id FROM effect_intents"
             " ORDER BY created_at DESC LIMIT %s",
             [sample],
         )
-        rows = cur.fetchall()
+        found = cur.fetchall()
+        rows = [row[:4] for row in found]
+        lineage = _fork_lineage(cur, [row[4] for row in found])
+    keys_by_id = {row[4]: row[2] for row in found}
     if not rows:
         return Check("operation_keys", "ok", "no effects to lint")
     findings: list[dict[str, Any]] = []
@@ -190,10 +212,19 @@ def check_operation_keys(sample: int) -> Check:
                 "(order:42:charge)",
             }
         )
+    # An operator's fork carries its effect's arguments to a new key on purpose: one
+    # intent, continued. Keys count as many intents only across separate lineages.
     same_arguments: dict[tuple[Any, str, bytes], set[str]] = defaultdict(set)
-    for tenant, tool, key, request_hash in rows:
-        same_arguments[(tenant, tool, bytes(request_hash))].add(key)
-    repeated = [(k[1], keys) for k, keys in same_arguments.items() if len(keys) > 1]
+    lineages: dict[tuple[Any, str, bytes], set[Any]] = defaultdict(set)
+    for tenant, tool, _key, request_hash, effect_id in found:
+        group = (tenant, tool, bytes(request_hash))
+        same_arguments[group].add(keys_by_id[effect_id])
+        lineages[group].add(lineage.get(effect_id, effect_id))
+    repeated = [
+        (k[1], keys)
+        for k, keys in same_arguments.items()
+        if len(keys) > 1 and len(lineages[k]) > 1
+    ]
     if repeated:
         findings.append(
             {

@@ -27,7 +27,7 @@ from effect_broker.models import EffectAttempt, EffectEvent, EffectReceipt, Tena
 from effect_broker.scheduling import ProcrastinateScheduler
 from effect_broker.services import resolution, tenants
 from effect_broker.services.dispatch import dispatch
-from effect_broker.store import load_effect_for_worker
+from effect_broker.store import load_effect_for_worker, verify_event_chain
 from tests.integration.conftest import make_operator
 from tests.integration.engine.harness import Bench
 
@@ -112,7 +112,7 @@ def test_queue_row_shows_age_tool_contract_safety_and_last_attempt(
     assert 'class="eb-age"' in row
     assert "unsafe_charge" in row
     assert f"{world['unsafe'].contract_name}@{world['unsafe'].contract_version}" in row
-    assert "<td>unsafe</td>" in row
+    assert '<span class="eb-safety">unsafe</span>' in row
     # The last attempt: its outcome, error category and transport facts
     assert "#1 unknown" in row
     attempt = EffectAttempt.objects.get(effect_id=world["unsafe"].effect_id)
@@ -363,6 +363,69 @@ def test_user_without_resolve_permission_sees_no_form_and_cannot_post(
             },
         )
         assert posted.status_code == 403
+    assert status_of(record) == (S.OUTCOME_UNKNOWN, record.version)
+
+
+def test_the_effect_page_and_the_resolve_page_show_the_amount(
+    admin_client: Client, world: dict[str, EffectRecord]
+) -> None:
+    # Given an unsafe effect whose contract previews its amount (issue 20: the
+    # operator decided blind, the preview collapsed and absent from the resolve form)
+    record = world["unsafe"]
+    shown = "<code>amount_minor</code>: <strong>100</strong>"
+    # Then the effect page shows it in its summary, first thing on the page
+    html = admin_client.get(change_url(record)).content.decode()
+    summary = html[html.index('id="effect-summary"') : html.index('id="chain"')]
+    assert shown in summary
+    # And so does the resolve page, next to the choices
+    resolve = reverse("admin:effect_broker_effectintent_resolve", args=[record.effect_id])
+    assert shown in admin_client.get(resolve).content.decode()
+
+
+def test_reading_the_full_arguments_is_an_event_on_the_chain(
+    admin_client: Client, world: dict[str, EffectRecord]
+) -> None:
+    # Given an effect waiting for an operator, and its arguments page
+    record = world["unsafe"]
+    url = reverse("admin:effect_broker_effectintent_arguments", args=[record.effect_id])
+    before = EffectEvent.objects.filter(effect_id=record.effect_id).count()
+    page = admin_client.get(url).content.decode()
+    # Then nothing is decrypted before the operator gives a reason
+    assert 'id="effect-arguments"' not in page
+    assert EffectEvent.objects.filter(effect_id=record.effect_id).count() == before
+    # When the operator asks with a reason
+    shown = admin_client.post(url, {"reason": "check the order before resolving"})
+    html = shown.content.decode()
+    # Then the arguments are shown, and the read is the chain's newest event
+    arguments = html[html.index('id="effect-arguments"') :]
+    assert f"&quot;ref&quot;: &quot;{record.operation_key}&quot;" in arguments
+    last = EffectEvent.objects.filter(effect_id=record.effect_id).latest("sequence")
+    assert (last.event_type, last.actor) == ("arguments_read", "admin")
+    assert last.metadata["reason"] == "check the order before resolving"
+    assert last.old_status == last.new_status == S.OUTCOME_UNKNOWN.value
+    assert verify_event_chain(record.effect_id) == before + 1
+
+
+def test_full_arguments_are_refused_once_settled_and_without_the_permission(
+    admin_client: Client, client: Client, world: dict[str, EffectRecord]
+) -> None:
+    # A settled effect: refused with the service's reason, nothing shown or written
+    settled = world["settled"]
+    url = reverse("admin:effect_broker_effectintent_arguments", args=[settled.effect_id])
+    before = EffectEvent.objects.filter(effect_id=settled.effect_id).count()
+    html = admin_client.post(url, {"reason": "curious"}).content.decode()
+    assert "[illegal_transition]" in html
+    assert 'id="effect-arguments"' not in html
+    assert EffectEvent.objects.filter(effect_id=settled.effect_id).count() == before
+    # Staff who may view effects but not resolve them: 403, nothing written
+    record = world["unsafe"]
+    viewer = User.objects.create_user("viewer2", password="pw", is_staff=True)
+    viewer.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_effectintent"])
+    )
+    client.force_login(viewer)
+    url = reverse("admin:effect_broker_effectintent_arguments", args=[record.effect_id])
+    assert client.post(url, {"reason": "curious"}).status_code == 403
     assert status_of(record) == (S.OUTCOME_UNKNOWN, record.version)
 
 

@@ -139,3 +139,35 @@ def test_operation_key_lint_finds_noise_repeats_and_keys_shared_by_tools(
     ]
     # Only the newest effects are read.
     assert check_operation_keys(1).status == "ok"
+
+
+def test_an_operators_fork_is_one_intent_continued_not_a_repeat(bench: Any) -> None:
+    # Given an unsafe effect whose outcome is unknown, forked by an operator: the fork
+    # carries the same arguments to a new key on purpose (issue 20: doctor warned)
+    from effect_broker.domain.states import SafetyClass
+    from effect_broker.services import forking
+    from tests.integration.conftest import make_operator
+
+    record = bench.unknown_outcome(SafetyClass.UNSAFE)
+    forking.fork(
+        bench.tenant,
+        record.effect_id,
+        operator=make_operator("olga"),
+        new_operation_key=f"{record.operation_key}:v2",
+        reason="absent from the target's export",
+        evidence={"source": "target export", "checked_at": "2026-06-01T12:05:00+00:00"},
+    )
+    # When doctor lints the keys, then the fork is not "same arguments, many keys"
+    # (the harness's keys are "op:<uuid4>", which the random-key finding rightly flags)
+    findings = {f["finding"]: f for f in check_operation_keys(100).details}
+    assert "same_arguments_many_keys" not in findings
+    # But the same arguments under a third, unrelated key still are
+    arguments = {"amount_minor": 100, "ref": record.operation_key}
+    submit(
+        bench.tenant,
+        EffectRequest(
+            operation_key="order:9:charge", tool=record.tool, arguments=arguments
+        ),
+    )
+    findings = {f["finding"]: f for f in check_operation_keys(100).details}
+    assert findings["same_arguments_many_keys"]["count"] == 3

@@ -134,6 +134,16 @@ class OperatorConsoleInChromium(StaticLiveServerTestCase):
         assert badge.value_of_css_property("background-color") == "rgba(186, 33, 33, 1)"
         assert badge.text == "Needs operator"
         self.shot("3-queue")
+        # At a small laptop width the queue fits, sidebar open: no sideways scrolling
+        # of the page or the table (issue 20: it overflowed at 1440 px)
+        self.driver.set_window_size(1280, 1000)
+        overflow = self.driver.execute_script(
+            "const t = document.getElementById('operator-queue');"
+            "return Math.max(t.scrollWidth - t.parentElement.clientWidth,"
+            " document.documentElement.scrollWidth - window.innerWidth)"
+        )
+        self.driver.set_window_size(1400, 1000)
+        assert overflow <= 0, f"the queue is {overflow}px wider than the window"
         # The effect page: chain verified, timeline, attempts; requeue closed (unsafe)
         self.submit("#operator-queue tbody tr td a")
         assert self.wait_for("#chain-result").text.startswith("Verified:")

@@ -57,6 +57,7 @@ version = "1"
 tool = "unsafe_charge"
 safety = "unsafe"
 retry_limit = 3
+preview_fields = ["amount_minor"]   # what the operator console shows (issue 20)
 
 [[contract]]
 name = "t.transactional"
