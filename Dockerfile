@@ -3,7 +3,7 @@
 # project's CI machines (no Docker engine); the hosted workflow builds it.
 
 # --- build: the wheel of this project and of everything it needs -------------------
-FROM python:3.11-slim AS build
+FROM python:3.11.14-slim-bookworm AS build
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY effect_broker ./effect_broker
@@ -13,7 +13,7 @@ COPY examples ./examples
 RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[stripe]"
 
 # --- runtime: no compiler, no sources, not root -------------------------------------
-FROM python:3.11-slim
+FROM python:3.11.14-slim-bookworm
 RUN useradd --create-home --uid 10001 broker
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links=/wheels "effect-broker[stripe]" \

@@ -10,14 +10,17 @@ command a service runs exists in this project, with the options it passes.
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from effect_broker import embedded_pg
 from effect_broker.domain.contracts import load_contracts
-from tests.unit.command_lines import check_command
+from tests.unit.command_lines import check_command, check_line
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG_RUNNING = ("api", "worker", "reconciler", "target")
@@ -39,7 +42,8 @@ def test_the_stack_has_every_service_a_working_system_needs() -> None:
 
 def test_postgres_keeps_its_data_in_a_named_volume() -> None:
     volumes = services()["postgres"]["volumes"]
-    assert any(v.endswith(":/var/lib/postgresql/data") for v in volumes)
+    # PostgreSQL 18's images keep their data under /var/lib/postgresql/<major>/
+    assert any(v.endswith(":/var/lib/postgresql") for v in volumes)
     named = volumes[0].split(":")[0]
     assert named in compose()["volumes"]
 
@@ -84,7 +88,55 @@ def test_a_worker_serves_the_metrics_port_its_health_check_probes(name: str) -> 
 
 @pytest.mark.parametrize("name", [*LONG_RUNNING, "migrate"])
 def test_every_command_a_service_runs_exists(name: str) -> None:
-    check_command(list(services()[name]["command"]))
+    command = list(services()[name]["command"])
+    if command[:2] == ["sh", "-c"]:
+        check_line(command[2])
+    else:
+        check_command(command)
+
+
+def _user(url: str) -> str:
+    return url.split("://", 1)[1].split(":", 1)[0]
+
+
+def test_the_owner_migrates_and_the_services_serve_as_the_granted_role() -> None:
+    # docs/fencing.md: the triggers bind every role but the tables' owner
+    migrate = services()["migrate"]
+    assert _user(migrate["environment"]["DATABASE_URL"]) == "broker_owner"
+    assert "effect-broker db grant --role broker_app" in migrate["command"][2]
+    for name in ("api", "worker", "reconciler"):
+        env = services()[name]["environment"]
+        assert _user(env["DATABASE_URL"]) == "broker_app", name
+    roles = (ROOT / "examples" / "compose" / "initdb" / "roles.sql").read_text()
+    assert "CREATE ROLE broker_owner LOGIN" in roles
+    assert "CREATE ROLE broker_app LOGIN" in roles
+    assert "CREATE DATABASE effect_broker OWNER broker_owner" in roles
+    mounts = services()["postgres"]["volumes"]
+    assert "./examples/compose/initdb:/docker-entrypoint-initdb.d:ro" in mounts
+
+
+def test_images_are_pinned_and_postgres_is_the_embedded_servers_version() -> None:
+    image = services()["postgres"]["image"]
+    found = re.fullmatch(r"postgres:(\d+\.\d+)-alpine", image)
+    assert found, image
+    binary = embedded_pg._find_install() / "bin" / "postgres"
+    version = subprocess.run(
+        [str(binary), "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    assert f"(PostgreSQL) {found.group(1)}\n" in version, version
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    bases = re.findall(r"^FROM (\S+)", dockerfile, flags=re.M)
+    assert bases
+    assert all(re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", b) for b in bases), bases
+
+
+def test_the_master_key_comes_from_a_secret_file_not_the_environment() -> None:
+    for name in ("migrate", "api", "worker", "reconciler"):
+        env = services()[name]["environment"]
+        assert "EFFECT_BROKER_MASTER_KEY" not in env, name
+        assert env["EFFECT_BROKER_MASTER_KEY_FILE"] == "/run/secrets/master_key"
+        assert services()[name]["secrets"] == ["master_key"], name
+    assert compose()["secrets"]["master_key"]["file"] == "./secrets/master_key"
 
 
 def test_the_mounted_contracts_load_and_point_at_the_target_service() -> None:

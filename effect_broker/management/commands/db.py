@@ -1,4 +1,5 @@
-"""``effect-broker db up|down|status|url``: manage the embedded PostgreSQL server."""
+"""``effect-broker db up|down|status|url``: manage the embedded PostgreSQL server;
+``effect-broker db grant --role NAME``: grant a serving role its privileges."""
 
 from __future__ import annotations
 
@@ -15,11 +16,17 @@ class Command(BaseCommand):
     help = (
         "Manage the embedded PostgreSQL server used when DATABASE_URL is unset. "
         "'up' starts it (or reuses a running one), 'down' stops it, 'status' reports it "
-        "(exit 1 when stopped), 'url' starts it if needed and prints a connection URL."
+        "(exit 1 when stopped), 'url' starts it if needed and prints a connection URL. "
+        "'grant --role NAME' (any server, run as the tables' owner after migrate) grants "
+        "the role the API and workers serve with: no TRUNCATE, no ownership, no DELETE "
+        "on the ledger (docs/fencing.md)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", choices=["up", "down", "status", "url"])
+        parser.add_argument("action", choices=["up", "down", "status", "url", "grant"])
+        parser.add_argument(
+            "--role", help="for 'grant': the role the API and workers connect as"
+        )
         parser.add_argument(
             "--dbname", default="effect_broker", help="database name for 'url' and 'up'"
         )
@@ -31,6 +38,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
+        if action == "grant":
+            self._grant(options["role"])
+            return
         if os.environ.get("DATABASE_URL") and action != "status":
             self.stderr.write(
                 "note: DATABASE_URL is set, so the broker uses that server; "
@@ -56,4 +66,15 @@ class Command(BaseCommand):
         self.stdout.write(
             f"up pid={server.pid} in {time.monotonic() - started:.2f}s "
             f"url={server.url(options['dbname'])}"
+        )
+
+    def _grant(self, role: str | None) -> None:
+        from effect_broker.domain.errors import InvalidRequestError
+        from effect_broker.store.roles import grant_serving_role
+
+        if not role or not role.strip():
+            raise InvalidRequestError("db grant needs --role NAME (the serving role)")
+        statements = grant_serving_role(role.strip())
+        self.stdout.write(
+            f"granted {role.strip()} serving privileges ({len(statements)} statements)"
         )
