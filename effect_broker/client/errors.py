@@ -321,6 +321,14 @@ class AdapterTerminal(AdapterFailed):
     mirrors = domain.TerminalAdapterError
 
 
+class KeyReused(AdapterTerminal):
+    """The target holds this effect's key for a request with other parameters; an
+    operator must tell what the key holds. Seen as an effect's reason, not as an HTTP
+    answer."""
+
+    mirrors = domain.KeyReusedError
+
+
 class OutcomeUnknown(AdapterFailed):
     """Nobody knows yet whether this effect happened.
 
