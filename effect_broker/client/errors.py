@@ -406,7 +406,14 @@ class WaitTimeout(_EffectOutcome):
 
 
 class EffectFailed(_EffectOutcome):
-    """The effect ended ``failed_final``: the broker has proof it did not take effect."""
+    """The effect ended ``failed_final``; it will not be sent again.
+
+    The message says what the broker knows: normally no attempt was left unanswered
+    (each was refused or never sent, or a check proved it absent), which is proof it
+    did not take effect; but when ``effect.outcome_in_doubt`` is true, an operator
+    marked it failed while an attempt may have reached the target, and nothing proved
+    that it did not take effect.
+    """
 
     code = "effect_failed"
 
