@@ -66,6 +66,13 @@ class TargetHarness(Protocol):
         """Reject the next create before commit, documented as "not committed"."""
         ...
 
+    def fail_after_commit_next(self) -> None:
+        """Commit the next create, then answer with an error that documents nothing:
+        how the target's framework reports an unexpected failure (an MCP tool that
+        raised after acting - the SDK's server answers ``isError`` with no code - or
+        an HTTP 500). Optional: a harness without it skips that check."""
+        ...
+
     def probe_unavailable_next(self) -> None:
         """Make the next lookup fail to answer."""
         ...
@@ -167,6 +174,10 @@ class SimulatedHarness:
         """Queue REJECT."""
         self.target.inject(Fault.REJECT)
 
+    def fail_after_commit_next(self) -> None:
+        """Queue FAIL_AFTER_COMMIT."""
+        self.target.inject(Fault.FAIL_AFTER_COMMIT)
+
     def probe_unavailable_next(self) -> None:
         """Queue PROBE_UNAVAILABLE."""
         self.target.inject(Fault.PROBE_UNAVAILABLE)
@@ -196,6 +207,7 @@ CHECKS = (
     "check_unknown_probe_behaviour",
     "check_no_hidden_retries",
     "check_stale_fencing_token_is_refused",
+    "check_tool_raises_after_its_side_effect",
 )
 
 
@@ -430,6 +442,35 @@ class AdapterConformance:
         sent = self.harness.request_count() - before
         assert sent == 1, f"the stale claim reached the target {sent} times, not once"
         self._count(older.downstream_key, 1, "a stale claim must commit nothing")
+
+    def check_tool_raises_after_its_side_effect(self) -> None:
+        """A target that acted and then failed with an error that documents nothing
+        is unknown: never a refusal (``failed_final`` over a charge, and a caller who
+        redoes it under a new key charges twice) and never a retry (issue 19, item 1).
+
+        The MCP SDK's own server answers every exception a tool raises with
+        ``isError`` and no code, a tool that charged and then raised included; an
+        HTTP 500 is the same answer."""
+        lever = getattr(self.harness, "fail_after_commit_next", None)
+        if lever is None:
+            raise ConformanceSkip("the harness cannot make the target fail after acting")
+        effect = self.new_effect()
+        effects_before = self.harness.effect_count(None)
+        lever()
+        what = "tool raises after its side effect"
+        try:
+            result = self.dispatch(effect)
+        except OutcomeUnknownError:
+            pass
+        except AdapterError as exc:
+            raise AssertionError(
+                f"{what}: classified {type(exc).__name__} ({exc}); the target acted, "
+                "so only OutcomeUnknownError is honest"
+            ) from exc
+        else:
+            raise AssertionError(f"{what}: the dispatch returned a result {result!r}")
+        made = self.harness.effect_count(None) - effects_before
+        assert made == 1, f"{what}: {made} effect(s) committed, not 1"
 
     def run_all(self) -> list[CheckResult]:
         """Run every check on a reset target; collect passed/failed/skipped results."""

@@ -29,7 +29,8 @@ tests/contract/test_mcp_adapter.py):
   ``retryable_errors`` -> ``RetryableAdapterError`` (the upstream documents it as not
   committed), in ``unknown_errors`` -> ``OutcomeUnknownError``, in
   ``terminal_errors`` -> ``TerminalAdapterError``; any other per ``tool_error``
-  (``terminal`` by default, or ``unknown``).
+  (``unknown`` by default: the SDK's server answers every exception a tool raises
+  this way, after a side effect too - issue 19, item 1; or ``terminal``).
 * A result -> ``DispatchResult``: the structured content, else a text content that is
   one JSON object, else the content blocks; the external id at ``external_id_field``.
 

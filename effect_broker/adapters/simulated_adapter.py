@@ -62,6 +62,9 @@ class Fault(StrEnum):
     KEY_IN_USE = "key_in_use"
     #: The next lookup fails: the probe must come back UNKNOWN.
     PROBE_UNAVAILABLE = "probe_unavailable"
+    #: The target commits, then answers with an error it documents as nothing (an
+    #: MCP tool that raised after acting, an HTTP 500): the adapter cannot tell.
+    FAIL_AFTER_COMMIT = "fail_after_commit"
 
 
 class TargetFailure(Exception):
@@ -195,6 +198,8 @@ class SimulatedTarget:
                     self._by_key.setdefault(row.key, []).append(row)
             if fault is Fault.LOSE_RESPONSE:
                 raise TargetFailure("no_response")
+            if fault is Fault.FAIL_AFTER_COMMIT:
+                raise TargetFailure("error_after_commit")
             return row
 
     def lookup(self, key: str) -> list[SimulatedRow]:
@@ -305,7 +310,8 @@ class SimulatedAdapter(EffectAdapter):
                 adapter=self.name,
                 reason=failure.kind,
             )
-        # no_response: bytes reached the target and nothing came back (spec rule 3).
+        # no_response: bytes reached the target and nothing came back (spec rule 3);
+        # error_after_commit: an undocumented error proves nothing either way.
         return OutcomeUnknownError(
             "no answer from the simulated target", adapter=self.name, reason=failure.kind
         )

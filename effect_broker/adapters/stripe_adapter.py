@@ -44,6 +44,7 @@ from effect_broker.domain.contracts import EffectContract, parse_duration
 from effect_broker.domain.errors import (
     AdapterError,
     ConfigurationError,
+    KeyReusedError,
     OutcomeUnknownError,
     RetryableAdapterError,
     TerminalAdapterError,
@@ -109,12 +110,32 @@ def classify_stripe_error(exc: Exception) -> AdapterError:
     if isinstance(exc, stripe.RateLimitError):
         # 429: refused before processing (Stripe documents it as safe to retry).
         return RetryableAdapterError("Stripe rate limited the request", **details)
+    body = getattr(exc, "json_body", None)
+    problem = body.get("error") if isinstance(body, dict) else None
+    code = problem.get("code") if isinstance(problem, dict) else None
+    if (
+        isinstance(exc, stripe.IdempotencyError)
+        and status != 409
+        and code != "idempotency_key_in_use"
+    ):
+        # 400 idempotency_error: the key was already used with OTHER parameters.
+        # Every resend under it gets the same answer, so retrying only burns the
+        # budget (issue 19, item 5); and the key proves something was sent under it
+        # (after an attempt in doubt, this effect's own earlier one). Not final
+        # either: an operator looks (the engine's manual review, with this reason).
+        return KeyReusedError(
+            "Stripe answered idempotency_error: this effect's key was already used "
+            "with different parameters; this request was not applied, and only an "
+            "operator can tell what the key holds",
+            reason="idempotency_error",
+            **details,
+        )
     if isinstance(exc, stripe.IdempotencyError) or status == 409:
         # Same key, and Stripe did not apply this request: another request holds the
-        # key (409 idempotency_key_in_use, which the SDK raises as a plain APIError)
-        # or already used it (400 idempotency_error). The key may hold a committed
-        # intent, so this is never a final failure: retry later with the same key
-        # (issue 9, defect 3) and let the engine settle what the key holds.
+        # key right now (409 idempotency_key_in_use, which the SDK raises as a plain
+        # APIError). The key may hold a committed intent, so this is never a final
+        # failure: retry later with the same key (issue 9, defect 3) and let the
+        # engine settle what the key holds.
         return RetryableAdapterError(
             "Stripe is holding this idempotency key for another request; retry later",
             reason="key_in_use",

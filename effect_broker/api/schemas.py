@@ -80,6 +80,10 @@ class EffectOut(Schema):
     #: looked them up: the effect this one was forked from, and its fork.
     forked_from: str | None = None
     forked_to: str | None = None
+    #: True while an attempt may have reached the target unanswered and nothing has
+    #: proved what happened since. On a ``failed_final`` effect it means an operator
+    #: gave up on it without proof that it did not take effect (issue 19, item 1).
+    outcome_in_doubt: bool = False
 
 
 def effect_out(
@@ -99,6 +103,7 @@ def effect_out(
         "receipt_id": record.receipt_id,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
+        "outcome_in_doubt": record.outcome_in_doubt,
         **flags,
     }
     if links is not None:

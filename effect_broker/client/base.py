@@ -88,7 +88,8 @@ class SyncBrokerOps(ABC):
         """Submit, wait, and return the receipt's result.
 
         Raises ``OutcomeUnknown`` (never a result, never ``EffectFailed``) when nobody
-        knows whether the effect happened, ``EffectFailed`` when it provably did not.
+        knows whether the effect happened, ``EffectFailed`` when it ended
+        ``failed_final`` (its message says whether that is proof it did not happen).
         """
         submitted = self.submit(
             operation_key, tool, arguments, trace_id=trace_id, requested_by=requested_by

@@ -321,6 +321,14 @@ class AdapterTerminal(AdapterFailed):
     mirrors = domain.TerminalAdapterError
 
 
+class KeyReused(AdapterTerminal):
+    """The target holds this effect's key for a request with other parameters; an
+    operator must tell what the key holds. Seen as an effect's reason, not as an HTTP
+    answer."""
+
+    mirrors = domain.KeyReusedError
+
+
 class OutcomeUnknown(AdapterFailed):
     """Nobody knows yet whether this effect happened.
 
@@ -398,7 +406,14 @@ class WaitTimeout(_EffectOutcome):
 
 
 class EffectFailed(_EffectOutcome):
-    """The effect ended ``failed_final``: the broker has proof it did not take effect."""
+    """The effect ended ``failed_final``; it will not be sent again.
+
+    The message says what the broker knows: normally no attempt was left unanswered
+    (each was refused or never sent, or a check proved it absent), which is proof it
+    did not take effect; but when ``effect.outcome_in_doubt`` is true, an operator
+    marked it failed while an attempt may have reached the target, and nothing proved
+    that it did not take effect.
+    """
 
     code = "effect_failed"
 

@@ -70,6 +70,7 @@ def _effect(record: EffectRecord, **extra: Any) -> Effect:
         receipt_id=record.receipt_id,
         created_at=_wire_time(record.created_at),
         updated_at=_wire_time(record.updated_at),
+        outcome_in_doubt=record.outcome_in_doubt,
         **extra,
     )
 

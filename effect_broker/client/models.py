@@ -61,6 +61,10 @@ class Effect:
     replayed: bool | None = None
     forked_from: str | None = None
     forked_to: str | None = None
+    #: True while an attempt may have reached the target unanswered and nothing has
+    #: proved what happened since; on ``failed_final``, an operator gave up on it
+    #: without that proof (a broker that predates the field sends nothing: False).
+    outcome_in_doubt: bool = False
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Effect:
@@ -82,6 +86,7 @@ class Effect:
             replayed=body.get("replayed"),
             forked_from=_optional_str(body.get("forked_from")),
             forked_to=_optional_str(body.get("forked_to")),
+            outcome_in_doubt=body.get("outcome_in_doubt") is True,
         )
 
     @property

@@ -83,14 +83,31 @@ def outcome_unknown(effect: Effect, *, waited: float | None = None) -> OutcomeUn
     )
 
 
+def failed_text(effect: Effect) -> str:
+    """What is known about a ``failed_final`` effect, said without claiming more."""
+    if effect.outcome_in_doubt:
+        # An operator's "resolve failed" needs no evidence, and it ends an effect whose
+        # attempt may have reached the target: the broker has no proof either way.
+        return (
+            f"effect {effect.effect_id} ({effect.tool}) ended failed_final by an "
+            "operator's decision while an attempt may have reached the target "
+            "unanswered: nothing proved that it did not take effect. It will not be "
+            "sent again. Check the target (and the effect's history for the "
+            "operator's reason) before doing this again under another operation key: "
+            "that could do it twice."
+        )
+    return (
+        f"effect {effect.effect_id} ({effect.tool}) ended failed_final: no attempt "
+        "was left unanswered (each was refused or never sent, or a check proved it "
+        "absent at the target), so the broker holds proof that it did not take "
+        "effect. See its history for why."
+    )
+
+
 def result_of(effect: Effect) -> None:
     """Raise unless a settled ``effect`` succeeded (then its receipt holds the result)."""
     if effect.status == "failed_final":
-        raise EffectFailed(
-            f"effect {effect.effect_id} ({effect.tool}) ended failed_final: the broker "
-            "holds proof that it did not take effect. See its history for why.",
-            effect=effect,
-        )
+        raise EffectFailed(failed_text(effect), effect=effect)
     if effect.status == "compensated":
         raise EffectCompensated(
             f"effect {effect.effect_id} ({effect.tool}) succeeded and was then "

@@ -60,7 +60,10 @@ An upstream MCP server (``adapter = "mcp"``; issue 10, item 4) is named in
     found_field = "found"          # default "found"
     external_id_field = "id"       # dotted path into the result; default "id"
     error_field = "error"          # the code in an isError result's structured content
-    tool_error = "terminal"        # an isError result: terminal (default) | unknown
+    tool_error = "unknown"         # an isError result with no listed code: unknown
+                                   #   (default; the SDK's server answers every
+                                   #   exception a tool raises so, after a charge
+                                   #   too) | terminal (only if it never acts first)
     retryable_errors = ["rejected"]    # codes the upstream documents as not committed
     unknown_errors = ["outcome_unknown"]  # codes that mean "may have happened"
     terminal_errors = []           # codes that are final whatever tool_error says

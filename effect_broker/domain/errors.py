@@ -414,6 +414,18 @@ class TerminalAdapterError(AdapterError):
     code = "adapter_terminal"
 
 
+class KeyReusedError(TerminalAdapterError):
+    """The target holds this effect's key for a request with other parameters.
+
+    This request was not applied and no resend under the key can succeed, but the key
+    proves that something was sent under it (an earlier attempt, perhaps with other
+    arguments): only an operator can tell what it holds, so the effect goes to
+    manual review, never to failed_final (issue 19, item 5).
+    """
+
+    code = "key_reused"
+
+
 class OutcomeUnknownError(AdapterError):
     """Request bytes may have reached the target and the result is unknown."""
 

@@ -24,6 +24,14 @@ from typing import Any
 
 #: ``tool_error`` values: how an upstream ``isError`` result is classified by default.
 TOOL_ERROR_CLASSES = ("terminal", "unknown")
+#: The default ``tool_error``: an ``isError`` result with no documented code is the MCP
+#: equivalent of an HTTP 500 (issue 19, item 1). The official SDK's server turns EVERY
+#: exception a tool raises into one, including a tool that charged and then failed
+#: (a timeout on a follow-up call, a failed receipt write): calling it a refusal would
+#: end a charged effect ``failed_final``. ``terminal`` stays available for an upstream
+#: that only reports errors before acting, at that risk; a documented refusal belongs
+#: in ``terminal_errors``.
+DEFAULT_TOOL_ERROR = "unknown"
 #: JSON-RPC "method not found": the server has no such method, so nothing ran.
 METHOD_NOT_FOUND = -32601
 #: Codes the MCP client raises itself (connection closed, request timeout).
@@ -89,7 +97,7 @@ class McpUpstream:
     found_field: str = "found"
     external_id_field: str = "id"
     error_field: str = "error"
-    tool_error: str = "terminal"
+    tool_error: str = DEFAULT_TOOL_ERROR
     retryable_errors: tuple[str, ...] = ()
     unknown_errors: tuple[str, ...] = ()
     terminal_errors: tuple[str, ...] = ()
@@ -186,7 +194,7 @@ def parse_upstream(
     tool = _text(raw, "tool", where, default_tool)
     if tool is None:
         raise ValueError(f"{where}.tool: is required (the upstream tool's name)")
-    tool_error = raw.get("tool_error", "terminal")
+    tool_error = raw.get("tool_error", DEFAULT_TOOL_ERROR)
     if tool_error not in TOOL_ERROR_CLASSES:
         raise ValueError(
             f"{where}.tool_error: must be one of {', '.join(TOOL_ERROR_CLASSES)}"
@@ -288,6 +296,7 @@ def parse_passthrough(raw: object, source: str) -> PassThroughTool:
 
 
 __all__ = [
+    "DEFAULT_TOOL_ERROR",
     "METHOD_NOT_FOUND",
     "TOOL_ERROR_CLASSES",
     "McpUpstream",

@@ -261,6 +261,18 @@ def _outcome(tenant: Tenant, record: EffectRecord) -> types.CallToolResult:
             "this effect's state.",
             **ids,
         )
+    if status is EffectStatus.FAILED_FINAL and record.outcome_in_doubt:
+        # An operator gave up on it without proof (issue 19, item 1): say so, or the
+        # agent redoes the step under a new key over a charge that may exist.
+        return _error(
+            status.value,
+            f"Effect {record.effect_id} ended failed_final by an operator's decision "
+            "while its request may have reached the target unanswered: nothing proved "
+            "that it did not happen. It will not be sent again. Do NOT redo it under "
+            "another operation key without checking the target - that could do it "
+            "twice. Calling again with the same operation key returns this same answer.",
+            **ids,
+        )
     if status in awaiting.FINAL:
         return _error(
             status.value,

@@ -20,6 +20,7 @@ from effect_broker import failpoints, store
 from effect_broker.adapters.base import DispatchRequest, EffectAdapter
 from effect_broker.domain.contracts import EffectContract
 from effect_broker.domain.errors import (
+    KeyReusedError,
     OutcomeUnknownError,
     RetryableAdapterError,
     SecretUnavailableError,
@@ -46,6 +47,7 @@ _ATTEMPT_OUTCOME = {
     "ok": "succeeded",
     "retryable": "not_committed",
     "terminal": "refused",
+    "key_reused": "refused",
     "unknown": "unknown",
 }
 
@@ -165,6 +167,9 @@ def send_attempt(
                 # process. If the lease was taken over meanwhile, the fence refuses
                 # this write too.
                 failure: tuple[str, str] | None = ("retryable", str(exc))
+            except KeyReusedError as exc:
+                # Refused, but the key holds another request: an operator decides.
+                failure = ("key_reused", str(exc))
             except TerminalAdapterError as exc:
                 failure = ("terminal", str(exc))
             except OutcomeUnknownError as exc:
@@ -190,6 +195,10 @@ def send_attempt(
         )
     if kind == "terminal":
         return outcomes.record_failed(
+            rt, held, actor=worker, attempt_id=attempt_id, reason=reason
+        )
+    if kind == "key_reused":
+        return outcomes.record_key_reused(
             rt, held, actor=worker, attempt_id=attempt_id, reason=reason
         )
     return outcomes.record_unknown(

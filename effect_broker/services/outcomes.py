@@ -242,6 +242,47 @@ def record_failed(
     )
 
 
+def record_key_reused(
+    rt: Runtime,
+    record: EffectRecord,
+    *,
+    actor: str,
+    attempt_id: str | None,
+    reason: str,
+) -> EffectRecord:
+    """The target refused this attempt because the effect's key already holds a
+    request with other parameters (Stripe's ``idempotency_error``; issue 19, item 5).
+
+    No resend under the key can succeed, so retrying only burns the budget; and the
+    key proves something was sent under it - after an attempt in doubt, most likely
+    this effect's own earlier attempt with other parameters (a rotated secret, a new
+    contract version). Neither a retry nor FAILED_FINAL is honest: MANUAL_REVIEW with
+    the reason, in one transaction. The state table has no edge from DISPATCHING to
+    MANUAL_REVIEW, so it passes through OUTCOME_UNKNOWN, as resolutions pass through
+    MANUAL_REVIEW; the doubt is recorded (what the key holds is not known).
+    """
+    now = rt.clock.now()
+    if record.outcome_in_doubt:
+        reason = f"{reason}; {_IN_DOUBT}"
+    closing = _closing(
+        attempt_id,
+        store.AttemptOutcome(outcome="refused", error_category=reason),
+        now=now,
+    )
+    with transaction.atomic():
+        unknown = store.transition(
+            record,
+            EffectStatus.OUTCOME_UNKNOWN,
+            event_type="key_reused",
+            actor=actor,
+            now=now,
+            metadata={"reason": reason},
+            changes={**_CLEAR_LEASE, "next_action_at": None, "outcome_in_doubt": True},
+            riders=closing,
+        )
+        return to_manual_review(rt, unknown, actor=actor, reason=reason)
+
+
 def to_manual_review(
     rt: Runtime, record: EffectRecord, *, actor: str, reason: str
 ) -> EffectRecord:

@@ -287,6 +287,10 @@ class ServiceHarness:
         """Commit the next charge, then close the socket without answering."""
         self.target.inject("drop_connection_after_commit")
 
+    def fail_after_commit_next(self) -> None:
+        """Queue error_after_commit (a 500 after the charge committed)."""
+        self.target.inject("error_after_commit")
+
     def reject_next(self) -> None:
         """Answer the next create with 503 before touching the database."""
         self.target.inject("reject_next")

@@ -29,6 +29,8 @@ Endpoints (JSON)::
                                    answer normally; with a shorter client read
                                    timeout: a slow commit with a lost response),
                                  drop_connection_after_commit,
+                                 error_after_commit (500 internal_error after
+                                   the charge committed),
                                  hang_after_commit (no answer for `seconds`, default
                                    30, then close),
                                  slow_after_commit (answers after `seconds`,
@@ -82,6 +84,7 @@ FAULTS = (
     "terminal_next",
     "slow_commit",
     "drop_connection_after_commit",
+    "error_after_commit",
     "hang_after_commit",
     "slow_after_commit",
     "fail_next_lookup",
@@ -504,6 +507,9 @@ class TargetHandler(BaseHTTPRequestHandler):
         if state.take_fault("drop_connection_after_commit"):
             self._drop()
             return None
+        if state.take_fault("error_after_commit"):
+            # Charged, then failed: an answer that documents nothing (issue 19).
+            raise HttpError(500, "internal_error")
         if state.take_fault("hang_after_commit"):
             state.stopping.wait(state.seconds("hang_after_commit"))
             self._drop()

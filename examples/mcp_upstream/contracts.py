@@ -24,6 +24,10 @@ MCP_TOOLS = {
 #: means its own request to the payments service lost its answer.
 RETRYABLE = ["rejected", "target_unreachable", "key_in_use"]
 UNKNOWN = ["outcome_unknown"]
+#: Its documented refusals, answered before anything was charged. Any other error
+#: (a tool that raised, perhaps after charging) stays unknown: ``tool_error``'s
+#: default.
+TERMINAL = ["invalid_arguments", "idempotency_key_reused", "stale_fencing_token"]
 
 
 def server_command(target_url: str) -> list[str]:
@@ -62,6 +66,7 @@ def mcp_contracts_toml(
     errors = (
         f"retryable_errors = {json.dumps(RETRYABLE)}\n"
         f"unknown_errors = {json.dumps(UNKNOWN)}\n"
+        f"terminal_errors = {json.dumps(TERMINAL)}\n"
     )
     common = f"""retry_limit = 5
 backoff_initial = "200ms"

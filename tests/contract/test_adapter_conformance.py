@@ -9,10 +9,13 @@ simulated target's semantics that the property tests and benchmarks rely on."""
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +37,7 @@ from effect_broker.adapters.simulated_adapter import (
     Fault,
     SimulatedAdapter,
     SimulatedTarget,
+    TargetFailure,
     get_target,
     reset_targets,
     simulated_targets,
@@ -47,6 +51,7 @@ from effect_broker.domain.errors import (
     TerminalAdapterError,
 )
 from effect_broker.domain.states import ProbeStatus, SafetyClass
+from effect_broker.domain.upstream import McpUpstream
 from examples.crash_matrix.target_client import TargetProcess
 from examples.mcp_upstream.contracts import MCP_TOOLS, mcp_contracts_toml
 
@@ -173,6 +178,7 @@ def test_run_all_reports_each_check_once() -> None:
         "check_unknown_probe_behaviour": "passed",
         "check_no_hidden_retries": "passed",
         "check_stale_fencing_token_is_refused": "skipped",
+        "check_tool_raises_after_its_side_effect": "passed",
     }
 
 
@@ -195,6 +201,16 @@ class FreshKeyAdapter(SimulatedAdapter):
     def _send(self, request: DispatchRequest) -> DispatchResult:
         row = self.target.create(request.attempt_id, request.effect.request_hash)
         return DispatchResult(external_id=row.external_id, output={})
+
+
+class UndocumentedErrorIsARefusalAdapter(SimulatedAdapter):
+    """Takes an error that documents nothing for a refusal: what the mcp adapter did
+    with an isError result by default before issue 19."""
+
+    def _classify(self, failure: TargetFailure):  # type: ignore[no-untyped-def]
+        if failure.kind == "error_after_commit":
+            return TerminalAdapterError("refused", adapter=self.name)
+        return super()._classify(failure)
 
 
 class OptimisticProbeAdapter(SimulatedAdapter):
@@ -227,6 +243,12 @@ class OptimisticProbeAdapter(SimulatedAdapter):
             SafetyClass.RECONCILABLE,
             "check_unknown_probe_behaviour",
             "an unavailable lookup of a absent effect said not_committed",
+        ),
+        (
+            UndocumentedErrorIsARefusalAdapter,
+            SafetyClass.UNSAFE,
+            "check_tool_raises_after_its_side_effect",
+            "tool raises after its side effect: classified TerminalAdapterError",
         ),
     ],
 )
@@ -269,6 +291,98 @@ def test_suite_fails_a_contract_whose_bound_is_shorter_than_the_target() -> None
     # Then the negative-probe check refuses it before a probe is ever trusted
     with pytest.raises(AssertionError, match="shorter than the target's real"):
         suite.check_negative_probe_only_after_settlement_bound()
+
+
+# --- a real MCP upstream whose tool raises after charging (issue 19, item 1) -----------
+
+RAISING_SERVER = Path(__file__).with_name("mcp_raising_server.py")
+
+
+class RaisingUpstreamHarness:
+    """The conformance view of ``mcp_raising_server.py``: its charges file is the
+    truth, and a flag file makes the next charge raise after it was written. Only
+    the levers the raise-after-acting check uses are implemented."""
+
+    def __init__(self, directory: Path) -> None:
+        self.charges = directory / "charges.jsonl"
+        self.raise_next = directory / "raise-next"
+
+    def env(self) -> dict[str, str]:
+        return {
+            "CHARGES_FILE": str(self.charges),
+            "RAISE_NEXT_FILE": str(self.raise_next),
+        }
+
+    def effect_count(self, key: str | None) -> int:
+        if not self.charges.exists():
+            return 0
+        rows = [json.loads(line) for line in self.charges.read_text().splitlines()]
+        return sum(1 for row in rows if key is None or row["key"] == key)
+
+    def fail_after_commit_next(self) -> None:
+        self.raise_next.touch()
+
+    def reset(self) -> None:
+        self.charges.unlink(missing_ok=True)
+        self.raise_next.unlink(missing_ok=True)
+
+
+def raising_suite(
+    tmp_path: Path, safety: SafetyClass, **upstream: object
+) -> AdapterConformance:
+    harness = RaisingUpstreamHarness(tmp_path)
+    keyed = safety is not SafetyClass.UNSAFE
+    options: dict[str, object] = {
+        "tool": "charge",
+        "command": (sys.executable, str(RAISING_SERVER)),
+        "env": harness.env(),
+        "key_argument": "idempotency_key" if keyed else None,
+        **upstream,
+    }
+    if safety is SafetyClass.RECONCILABLE:
+        options.update(lookup_tool="lookup_charge", lookup_argument="reference")
+    mcp_contract = EffectContract(
+        name=f"raising.{safety.value}",
+        version="1",
+        tool=f"raising_{safety.value}",
+        safety=safety,
+        key_retention=timedelta(hours=1) if safety is SafetyClass.IDEMPOTENT else None,
+        settlement_bound=timedelta(seconds=1)
+        if safety is SafetyClass.RECONCILABLE
+        else None,
+        adapter="mcp",
+        upstream=McpUpstream(**options),  # type: ignore[arg-type]
+    )
+    return AdapterConformance(
+        McpAdapter(mcp_contract),
+        harness,  # type: ignore[arg-type]
+        arguments={"order": "42", "amount_minor": 1999},
+    )
+
+
+@pytest.mark.parametrize("safety", MODES, ids=[m.value for m in MODES])
+def test_a_tool_that_raises_after_charging_passes_the_kit_by_default(
+    tmp_path: Path, safety: SafetyClass
+) -> None:
+    # Given a real stdio upstream on the SDK's MCPServer whose tool charges, then
+    # raises, and a contract that leaves tool_error at its default
+    suite = raising_suite(tmp_path, safety)
+    suite.harness.reset()
+    # Then the kit's check holds: unknown, exactly one charge
+    suite.check_tool_raises_after_its_side_effect()
+    assert suite.harness.effect_count(None) == 1
+
+
+def test_the_kit_fails_a_contract_that_calls_a_raise_after_charging_terminal(
+    tmp_path: Path,
+) -> None:
+    # Given the same upstream behind a contract that claims every isError is final
+    suite = raising_suite(tmp_path, SafetyClass.UNSAFE, tool_error="terminal")
+    suite.harness.reset()
+    # Then the check fails, naming the broken promise, over the one real charge
+    with pytest.raises(AssertionError, match="classified TerminalAdapterError"):
+        suite.check_tool_raises_after_its_side_effect()
+    assert suite.harness.effect_count(None) == 1
 
 
 # --- simulated target semantics ---------------------------------------------------------

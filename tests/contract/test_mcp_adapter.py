@@ -215,7 +215,10 @@ def test_a_json_rpc_error_is_terminal_only_for_declared_codes(
 @pytest.mark.parametrize(
     ("options", "code", "error"),
     [
-        ({}, "card_declined", TerminalAdapterError),  # terminal by default
+        # Issue 19, item 1: an undocumented code is unknown by default (an HTTP 500)
+        ({}, "card_declined", OutcomeUnknownError),
+        ({"terminal_errors": ("card_declined",)}, "card_declined", TerminalAdapterError),
+        ({"tool_error": "terminal"}, "card_declined", TerminalAdapterError),  # explicit
         ({"tool_error": "unknown"}, "card_declined", OutcomeUnknownError),
         (
             {"tool_error": "unknown", "terminal_errors": ("card_declined",)},

@@ -16,6 +16,7 @@ from effect_broker.adapters.conformance import make_effect_record
 from effect_broker.domain.contracts import EffectContract
 from effect_broker.domain.errors import (
     ConfigurationError,
+    KeyReusedError,
     OutcomeUnknownError,
     RetryableAdapterError,
     TerminalAdapterError,
@@ -83,10 +84,9 @@ def error(status: int, kind: str) -> bytes:
     [
         (402, error(402, "card_error"), TerminalAdapterError),
         (400, error(400, "invalid_request_error"), TerminalAdapterError),
-        # Issue 9, defect 3: an idempotency error answered to a same-key resend means
-        # this request was not applied and the key holds another one: retry later
-        # (it was terminal before, which ended failed_final over a held charge).
-        (400, error(400, "idempotency_error"), RetryableAdapterError),
+        # Issue 19, item 5: 400 idempotency_error (the key was used with other
+        # parameters) can never succeed on a resend: an operator decides.
+        (400, error(400, "idempotency_error"), KeyReusedError),
         (429, error(429, "invalid_request_error"), RetryableAdapterError),
         (500, error(500, "api_error"), OutcomeUnknownError),
     ],
@@ -101,10 +101,25 @@ def test_stripe_answers_are_classified(
     assert server.connections == 1  # max_network_retries=0: no SDK retry
 
 
+def test_stripe_idempotency_error_is_key_reused_and_never_retried(
+    offline_key: None, stripe_at: object
+) -> None:
+    # Given Stripe answering that this key was already used with other parameters
+    adapter, server = stripe_at(respond(400, error(400, "idempotency_error")))  # type: ignore[operator]
+    # Then the attempt is neither retry-later (it can never succeed) nor a plain
+    # refusal: the key holds another request, and the reason names Stripe's answer
+    with pytest.raises(KeyReusedError) as caught:
+        adapter.dispatch(request(adapter))
+    assert caught.value.details["reason"] == "idempotency_error"
+    assert caught.value.details["http_status"] == 400
+    assert "idempotency_error" in str(caught.value)
+    assert not isinstance(caught.value, RetryableAdapterError)
+    assert server.connections == 1
+
+
 @pytest.mark.parametrize(
     ("status", "body"),
     [
-        (400, error(400, "idempotency_error")),
         (
             409,
             json.dumps(
@@ -118,7 +133,7 @@ def test_stripe_answers_are_classified(
             ).encode(),
         ),
     ],
-    ids=["idempotency-error", "key-in-use-409"],
+    ids=["key-in-use-409"],
 )
 def test_stripe_key_in_use_is_retry_later_not_terminal(
     offline_key: None, stripe_at: object, status: int, body: bytes

@@ -16,6 +16,7 @@ from effect_broker.client import (
     OutcomeUnknown,
     PayloadConflict,
     WaitTimeout,
+    waiting,
 )
 from effect_broker.client.base import AsyncBrokerOps, SyncBrokerOps
 from effect_broker.client.models import Effect, History, Receipt
@@ -152,6 +153,37 @@ def test_perform_raises_for_a_settled_effect_that_did_not_succeed(
 ) -> None:
     with pytest.raises(error):
         FakeBroker(clock, [status]).perform("charge_card", "k:1", {"a": 1})
+
+
+@pytest.mark.parametrize(
+    ("wire", "says", "never_says"),
+    [
+        # Refused (or never sent) and nothing in doubt: proof it did not happen
+        ({}, "holds proof that it did not take effect", "operator"),
+        (
+            {"outcome_in_doubt": False},
+            "holds proof that it did not take effect",
+            "operator",
+        ),
+        # An operator's "resolve failed" on an effect in doubt: no proof either way
+        (
+            {"outcome_in_doubt": True},
+            "nothing proved that it did not take effect",
+            "holds proof",
+        ),
+    ],
+    ids=["older-broker", "proved", "operator-without-proof"],
+)
+def test_effect_failed_says_what_is_known(
+    clock, wire: dict[str, Any], says: str, never_says: str
+) -> None:
+    # Issue 19, item 1: failed_final is proof only when no attempt was in doubt
+    effect = Effect.from_wire(effect_json("failed_final", **wire))
+    with pytest.raises(EffectFailed) as caught:
+        waiting.result_of(effect)
+    assert says in str(caught.value)
+    assert never_says not in str(caught.value)
+    assert caught.value.effect.outcome_in_doubt is (wire.get("outcome_in_doubt") is True)
 
 
 def test_the_decorator_submits_named_arguments_under_the_key(clock) -> None:

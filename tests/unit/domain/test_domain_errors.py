@@ -72,6 +72,7 @@ EXPECTED = {
     "RetryableAdapterError": ("adapter_retryable", 502),
     "SendRefusedError": ("send_refused", 502),
     "TerminalAdapterError": ("adapter_terminal", 502),
+    "KeyReusedError": ("key_reused", 502),
     "OutcomeUnknownError": ("outcome_unknown", 502),
 }
 

@@ -44,7 +44,9 @@ def test_an_upstream_tool_is_unsafe_by_default_and_reads_its_defaults() -> None:
     assert upstream == McpUpstream(
         tool="charge",
         command=("python", "-m", "payments"),
-        tool_error="terminal",
+        # Issue 19, item 1: an isError with no documented code may follow a side
+        # effect (the SDK's server answers every exception so): unknown, not final.
+        tool_error="unknown",
         terminal_rpc_codes=(METHOD_NOT_FOUND,),
         timeout=timedelta(seconds=10),
     )
