@@ -110,6 +110,7 @@ from typing import Any, NoReturn
 
 import jsonschema
 
+from effect_broker.domain import contract_fields
 from effect_broker.domain.errors import ContractError, UnknownContractError
 from effect_broker.domain.states import SafetyClass
 from effect_broker.domain.upstream import (
@@ -413,33 +414,10 @@ class ContractRegistry:
         return f"<ContractRegistry {len(self)} contracts, tools={self.tools()}>"
 
 
-_FIELDS = (
-    "name",
-    "version",
-    "tool",
-    "safety",
-    "retry_limit",
-    "key_retention",
-    "settlement_bound",
-    "backoff_initial",
-    "backoff_max",
-    "attempt_timeout",
-    "unknown_alert_after",
-    "adapter",
-    "adapter_options",
-    "preview_fields",
-    "active",
-    "description",
-    "mcp",
-    "upstream",
-)
-_MCP_FIELDS = (
-    "expose",
-    "description",
-    "input_schema",
-    "input_schema_file",
-    "output_schema",
-)
+# The allowed keys come from the one definition of the fields (``contract_fields``),
+# which also makes the editors' JSON Schema and the docs' reference.
+_FIELDS = contract_fields.names(contract_fields.CONTRACT)
+_MCP_FIELDS = contract_fields.names(contract_fields.MCP)
 _DURATION_FIELDS = (
     "key_retention",
     "settlement_bound",
