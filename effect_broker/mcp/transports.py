@@ -30,7 +30,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
 from django.conf import settings as django_settings
 from django.http.request import validate_host
 from mcp.server import ServerRequestContext
@@ -51,7 +50,7 @@ from effect_broker.domain.errors import (
     DisallowedHostError,
     EffectBrokerError,
 )
-from effect_broker.mcp.server import McpSettings, build_server
+from effect_broker.mcp.server import McpSettings, build_server, in_thread
 from effect_broker.models import Tenant
 from effect_broker.services import awaiting
 from effect_broker.services.tenants import authenticate
@@ -125,7 +124,8 @@ class BearerTenant:
         try:
             if scheme.lower() != "bearer":
                 raise AuthenticationError("missing Authorization: Bearer <API key>")
-            tenant = await anyio.to_thread.run_sync(authenticate, token.strip())
+            # in_thread gives the connection back (issue 19: it leaked one a request).
+            tenant = await in_thread(authenticate, token.strip())
         except EffectBrokerError as exc:
             await _send_problem(send, 401, exc.code, str(exc), challenge=True)
             return
