@@ -24,6 +24,7 @@ import mcp.types as types
 from django.db import connections
 from mcp.server import Server, ServerRequestContext
 
+from effect_broker.api.rate_limit import charge_submit
 from effect_broker.domain.errors import ConfigurationError, EffectBrokerError
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus
@@ -189,6 +190,10 @@ def _call(
             "side-effecting tool is listed only with a versioned contract. Nothing was "
             "done.",
         )
+    # The tenant's submit rate, charged as REST charges it: before the arguments are
+    # checked, stored or sent, sized like a REST body (api/rate_limit.py). A refusal
+    # is a ``rate_limited`` tool error carrying ``retry_after_seconds``.
+    charge_submit(str(tenant.pk), len(json.dumps(arguments).encode()))
     problems = _schema_problems(tools.proxy_input_schema(contract), arguments)
     if problems:
         return _error(
