@@ -42,7 +42,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from effect_broker.api.admission import ASGIApp, Receive, Scope, Send
-from effect_broker.api.body_limit import BodySizeLimit
+from effect_broker.api.body_limit import body_limits
 from effect_broker.api.problems import PROBLEM_JSON, problem_body
 from effect_broker.api.query_credentials import QueryCredentialGuard
 from effect_broker.domain.errors import (
@@ -206,10 +206,7 @@ class McpEndpoint:
 def guarded(app: ASGIApp, *, allowed_hosts: list[str] | None = None) -> ASGIApp:
     """``app`` behind the API's boundary guards and a tenant key (module docstring)."""
     return QueryCredentialGuard(
-        BodySizeLimit(
-            BearerTenant(app, allowed_hosts=allowed_hosts),
-            max_body_bytes=django_settings.EFFECT_BROKER_MAX_BODY_BYTES,
-        )
+        body_limits(BearerTenant(app, allowed_hosts=allowed_hosts))
     )
 
 

@@ -7,15 +7,23 @@ scratch database, driven over real sockets.
   too; the standalone MCP server keeps no idle connection after them (item 8).
 * ``/readyz`` answers 503 ``database_pool`` when the pool cannot lend a connection,
   within about a second (item 8: the Docker health check asks it).
+* Clients trickling a body do not hold request slots: while 8 trickle, other requests
+  succeed; each trickler is cut off with 408 once it falls behind (item 9).
+* A request with both ``Content-Length`` and chunked framing is refused with 400 and
+  the connection is closed (item 12).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import select
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,6 +40,7 @@ from tests.acceptance.test_api_server import (
     SETUP,
     Scratch,
     _env,
+    _read_response,
     connections_of,
     socket_port,
     submit_body,
@@ -229,3 +238,109 @@ def test_readyz_is_503_database_pool_when_the_pool_cannot_lend_a_connection(
         assert elapsed < 3.0, elapsed
         # and ready again once the connection is back
         assert httpx.get(f"{base}/readyz", timeout=30).status_code == 200
+
+
+# --- item 9: slow bodies held request slots ------------------------------------------
+
+
+def _open_trickle(base: str) -> socket.socket:
+    host, port = base.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    head = (
+        "POST /v1/effects HTTP/1.1\r\n"
+        f"Host: {host}:{port}\r\n"
+        "Content-Type: application/json\r\n"
+        "Content-Length: 100\r\n\r\n"
+    )
+    sock.sendall(head.encode())
+    return sock
+
+
+def test_trickled_bodies_hold_no_slot_and_are_cut_off_after_the_bound(
+    scratch: Scratch,
+) -> None:
+    tag = "eb-hostile-trickle"
+    headers = {"Authorization": f"Bearer {scratch.api_key}"}
+    # Given the API with its production in-flight limit (8) and body limits
+    with serve(scratch, tag, {}) as base:
+        # When 8 unauthenticated clients trickle a byte every second
+        socks = [_open_trickle(base) for _ in range(8)]
+        stop = threading.Event()
+        answered: dict[int, float] = {}
+        started = time.monotonic()
+
+        def trickle() -> None:
+            while not stop.wait(1.0) and len(answered) < len(socks):
+                for n, sock in enumerate(socks):
+                    if n in answered:
+                        continue
+                    if select.select([sock], [], [], 0)[0]:
+                        answered[n] = time.monotonic() - started
+                        continue
+                    try:
+                        sock.sendall(b"{")
+                    except OSError:
+                        answered[n] = time.monotonic() - started
+
+        trickler = threading.Thread(target=trickle, daemon=True)
+        trickler.start()
+        try:
+            time.sleep(1.5)  # every trickler's head is in and its body under way
+            # Then other requests are served meanwhile, each at once
+            others = []
+            for _ in range(5):
+                t0 = time.monotonic()
+                response = httpx.get(f"{base}/v1/effects", headers=headers, timeout=30)
+                others.append((response.status_code, time.monotonic() - t0))
+            assert [status for status, _ in others] == [200] * 5, others
+            assert max(seconds for _, seconds in others) < 2.0, others
+            # and each trickler is answered 408 once behind the rate (5 s head start
+            # at 1024 B/s): well before its 30 s total
+            trickler.join(timeout=30)
+            assert sorted(answered) == list(range(8)), answered
+            assert max(answered.values()) < 12.0, answered
+            for sock in socks:
+                status, response_headers, body = _read_response(sock)
+                assert status == 408, body[:500]
+                assert response_headers["connection"] == "close"
+                assert json.loads(body)["code"] == "request_timeout"
+                assert sock.recv(1024) == b""  # and the connection is closed
+        finally:
+            stop.set()
+            for sock in socks:
+                sock.close()
+
+
+# --- item 12: Content-Length together with chunked framing ---------------------------
+
+
+def test_content_length_with_chunked_framing_is_400_and_the_connection_closed(
+    scratch: Scratch,
+) -> None:
+    with serve(scratch, "eb-hostile-framing", {}) as base:
+        host, port = base.removeprefix("http://").split(":")
+        request = (
+            "POST /v1/effects HTTP/1.1\r\n"
+            f"Host: {host}:{port}\r\n"
+            f"Authorization: Bearer {scratch.api_key}\r\n"
+            "Content-Type: application/json\r\n"
+            "Content-Length: 4\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n"
+            "0\r\n\r\n"
+            # A second request on the same connection: a smuggled one, if it runs.
+            "GET /v1/effects HTTP/1.1\r\n"
+            f"Host: {host}:{port}\r\n"
+            f"Authorization: Bearer {scratch.api_key}\r\n\r\n"
+        )
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(request.encode())
+            status, headers, body = _read_response(sock)
+            rest = b""
+            while chunk := sock.recv(65536):
+                rest += chunk
+    assert status == 400, body[:500]
+    assert headers["connection"] == "close"
+    assert headers["content-type"] == "application/problem+json"
+    assert json.loads(body)["code"] == "invalid_request"
+    # The connection is closed after the answer: the second request never ran.
+    assert rest == b""
