@@ -2,9 +2,10 @@
 server's streamable HTTP transport mounted at ``/mcp`` (effect_broker.mcp.transports).
 
 It declares its role before settings load, so it gets the API's connection pool and
-never persistent connections (config/capacity.py), it refuses a body over the size
-limit before reading it (effect_broker.api.body_limit), and it admits a bounded number
-of requests at a time (effect_broker.api.admission).
+never persistent connections (config/capacity.py), it reads a request's body before
+admitting the request - refusing one over the size limit before reading it, one too
+slow to arrive, and ambiguous framing (effect_broker.api.body_limit) - and it admits a
+bounded number of requests at a time (effect_broker.api.admission).
 """
 
 import os
