@@ -185,9 +185,14 @@ def test_bad_keys_leave_the_standalone_mcp_server_no_idle_connection(
             assert connections_of(scratch, tag) == 0
             # When 40 clients with made-up keys POST /mcp at once
             statuses = bad_key_mcp_posts(base, 40)
-            # Then each is refused and no connection is left open after them
+            # Then each is refused and no connection is left open after them (a
+            # closed connection's backend leaves pg_stat_activity within moments; a
+            # leaked one stays for good)
             assert statuses == [401] * 40
-            assert connections_of(scratch, tag) == 0
+            deadline = time.monotonic() + 3
+            while (left := connections_of(scratch, tag)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert left == 0
 
 
 def test_readyz_is_503_database_pool_when_the_pool_cannot_lend_a_connection(
