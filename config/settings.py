@@ -213,6 +213,23 @@ def _non_negative(name: str, default: float) -> float:
 #: figure, so a body that reaches Django some other way (WSGI) is refused alike.
 EFFECT_BROKER_MAX_BODY_BYTES = _positive_int("EFFECT_BROKER_MAX_BODY_BYTES", 256 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = EFFECT_BROKER_MAX_BODY_BYTES
+
+
+def _positive(name: str, default: float) -> float:
+    value = _non_negative(name, default)
+    if value == 0 or value == float("inf"):
+        from effect_broker.domain.errors import ConfigurationError
+
+        raise ConfigurationError(f"{name} must be a finite number > 0, got {value!r}")
+    return value
+
+
+#: How long a request body may take to arrive, in seconds, and the slowest average
+#: rate it may arrive at, in bytes per second after a 5 s head start: a slower body
+#: is 408 (effect_broker.api.body_limit; issue 19: 8 trickling clients made every
+#: other request a 503).
+EFFECT_BROKER_BODY_TIMEOUT = _positive("EFFECT_BROKER_BODY_TIMEOUT", 30.0)
+EFFECT_BROKER_BODY_MIN_RATE = _positive("EFFECT_BROKER_BODY_MIN_RATE", 1024.0)
 #: Caps on a submit's arguments (effect_broker.domain.argument_limits; issue 12).
 EFFECT_BROKER_ARGUMENT_LIMITS = {
     "max_keys": _positive_int("EFFECT_BROKER_MAX_ARGUMENT_KEYS", 1000),

@@ -15,10 +15,9 @@ from ninja import Field, Query, Router, Schema, Status
 from ninja.security import HttpBearer
 from pydantic import ConfigDict
 
-from effect_broker.api.rate_limit import submit_limiter
+from effect_broker.api.rate_limit import charge_submit
 from effect_broker.api.schemas import EffectOut, effect_out, with_problems
 from effect_broker.domain.keys import MAX_OPERATION_KEY_LENGTH
-from effect_broker.domain.rate_limit import submit_cost
 from effect_broker.domain.records import (
     MAX_REQUESTED_BY_LENGTH,
     MAX_TOOL_LENGTH,
@@ -46,8 +45,7 @@ class SubmitKeyAuth(ApiKeyAuth):
 
     def authenticate(self, request: HttpRequest, token: str) -> Tenant:
         tenant = authenticate(token)
-        if (limiter := submit_limiter()) is not None:
-            limiter.charge(str(tenant.pk), submit_cost(_declared_length(request)))
+        charge_submit(str(tenant.pk), _declared_length(request))
         return tenant
 
 

@@ -131,6 +131,12 @@ class PayloadTooLarge(BrokerError):
     mirrors = domain.PayloadTooLargeError
 
 
+class RequestTimeout(BrokerError):
+    """The request body did not reach the broker in time; nothing was done."""
+
+    mirrors = domain.RequestTimeoutError
+
+
 class UnsupportedMediaType(BrokerError):
     """The body was not sent as ``application/json``."""
 

@@ -122,6 +122,17 @@ class PayloadTooLargeError(EffectBrokerError):
     http_status = 413
 
 
+class RequestTimeoutError(EffectBrokerError):
+    """The request body did not arrive in time; nothing was done, send it again.
+
+    A body must arrive within a deadline and at a minimum rate (api/body_limit.py):
+    a trickled body would otherwise hold its connection for as long as it trickles.
+    """
+
+    code = "request_timeout"
+    http_status = 408
+
+
 class UnsupportedMediaTypeError(EffectBrokerError):
     """The request body must be sent as ``Content-Type: application/json``."""
 

@@ -30,7 +30,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
 from django.conf import settings as django_settings
 from django.http.request import validate_host
 from mcp.server import ServerRequestContext
@@ -43,7 +42,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from effect_broker.api.admission import ASGIApp, Receive, Scope, Send
-from effect_broker.api.body_limit import BodySizeLimit
+from effect_broker.api.body_limit import body_limits
 from effect_broker.api.problems import PROBLEM_JSON, problem_body
 from effect_broker.api.query_credentials import QueryCredentialGuard
 from effect_broker.domain.errors import (
@@ -51,7 +50,7 @@ from effect_broker.domain.errors import (
     DisallowedHostError,
     EffectBrokerError,
 )
-from effect_broker.mcp.server import McpSettings, build_server
+from effect_broker.mcp.server import McpSettings, build_server, in_thread
 from effect_broker.models import Tenant
 from effect_broker.services import awaiting
 from effect_broker.services.tenants import authenticate
@@ -125,7 +124,8 @@ class BearerTenant:
         try:
             if scheme.lower() != "bearer":
                 raise AuthenticationError("missing Authorization: Bearer <API key>")
-            tenant = await anyio.to_thread.run_sync(authenticate, token.strip())
+            # in_thread gives the connection back (issue 19: it leaked one a request).
+            tenant = await in_thread(authenticate, token.strip())
         except EffectBrokerError as exc:
             await _send_problem(send, 401, exc.code, str(exc), challenge=True)
             return
@@ -206,10 +206,7 @@ class McpEndpoint:
 def guarded(app: ASGIApp, *, allowed_hosts: list[str] | None = None) -> ASGIApp:
     """``app`` behind the API's boundary guards and a tenant key (module docstring)."""
     return QueryCredentialGuard(
-        BodySizeLimit(
-            BearerTenant(app, allowed_hosts=allowed_hosts),
-            max_body_bytes=django_settings.EFFECT_BROKER_MAX_BODY_BYTES,
-        )
+        body_limits(BearerTenant(app, allowed_hosts=allowed_hosts))
     )
 
 

@@ -44,6 +44,7 @@ EXPECTED = {
     "UnknownFieldError": ("unknown_field", 422),
     "ArgumentsTooLargeError": ("arguments_too_large", 422),
     "PayloadTooLargeError": ("payload_too_large", 413),
+    "RequestTimeoutError": ("request_timeout", 408),
     "UnsupportedMediaTypeError": ("unsupported_media_type", 415),
     "RouteNotFoundError": ("route_not_found", 404),
     "MethodNotAllowedError": ("method_not_allowed", 405),
