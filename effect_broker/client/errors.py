@@ -267,6 +267,13 @@ class InvalidSecretRef(BrokerError):
     mirrors = domain.InvalidSecretRefError
 
 
+class SecretRefNotDeclared(BrokerError):
+    """A ``{"$secret": ...}`` argument names a secret the contract does not declare
+    for this tenant (422); nothing was stored."""
+
+    mirrors = domain.SecretRefNotDeclaredError
+
+
 class SecretUnavailable(BrokerError):
     """A worker could not find a referenced secret; the effect failed before any
     send. Seen as an effect's reason, not as an HTTP answer."""

@@ -158,6 +158,14 @@ class InvalidSecretRefError(EffectBrokerError):
     http_status = 422
 
 
+class SecretRefNotDeclaredError(EffectBrokerError):
+    """A secret reference names a secret the effect's contract does not declare for
+    this tenant; nothing was written."""
+
+    code = "secret_ref_not_declared"
+    http_status = 422
+
+
 class SecretUnavailableError(EffectBrokerError):
     """The dispatching worker cannot find a secret an effect refers to; nothing was
     sent.

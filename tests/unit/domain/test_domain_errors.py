@@ -59,6 +59,7 @@ EXPECTED = {
     "CredentialInQueryError": ("credential_in_query", 400),
     "RateLimitedError": ("rate_limited", 429),
     "InvalidSecretRefError": ("invalid_secret_ref", 422),
+    "SecretRefNotDeclaredError": ("secret_ref_not_declared", 422),
     "SecretUnavailableError": ("secret_unavailable", 500),
     "OperatorForbiddenError": ("operator_forbidden", 403),
     "InvalidRequestError": ("invalid_request", 400),
