@@ -267,6 +267,13 @@ class InvalidSecretRef(BrokerError):
     mirrors = domain.InvalidSecretRefError
 
 
+class ContractsUnavailable(BrokerError):
+    """The broker cannot load its contracts (503); nothing was done. Retry later with
+    the same operation key."""
+
+    mirrors = domain.ContractsUnavailableError
+
+
 class SecretRefNotDeclared(BrokerError):
     """A ``{"$secret": ...}`` argument names a secret the contract does not declare
     for this tenant (422); nothing was stored."""

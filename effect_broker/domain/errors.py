@@ -232,6 +232,14 @@ class ContractError(EffectBrokerError):
         )
 
 
+class ContractsUnavailableError(EffectBrokerError):
+    """The broker cannot load its contracts right now; nothing was done. Try again
+    later with the same operation key; the operator's log names the problem."""
+
+    code = "contracts_unavailable"
+    http_status = 503
+
+
 class UnknownContractError(EffectBrokerError):
     """No active contract matches this tool or contract version."""
 

@@ -39,6 +39,7 @@ EXPECTED = {
     "NumberOutOfRangeError": ("number_out_of_range", 400),
     "ContractError": ("invalid_contract", 500),
     "UnknownContractError": ("unknown_contract", 422),
+    "ContractsUnavailableError": ("contracts_unavailable", 503),
     "PayloadConflictError": ("payload_conflict", 409),
     "UnstorableTextError": ("unstorable_text", 422),
     "UnknownFieldError": ("unknown_field", 422),
