@@ -213,6 +213,14 @@ def _non_negative(name: str, default: float) -> float:
 #: figure, so a body that reaches Django some other way (WSGI) is refused alike.
 EFFECT_BROKER_MAX_BODY_BYTES = _positive_int("EFFECT_BROKER_MAX_BODY_BYTES", 256 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = EFFECT_BROKER_MAX_BODY_BYTES
+#: Web origins whose pages may call /mcp (effect_broker.mcp.request_guards; issue 19):
+#: "https://app.example.com", or "http://localhost:*" for any port. A request with no
+#: Origin header (a non-browser client) is not affected; any other Origin is a 403.
+EFFECT_BROKER_MCP_ALLOWED_ORIGINS = [
+    origin.strip()
+    for origin in os.environ.get("EFFECT_BROKER_MCP_ALLOWED_ORIGINS", "").split(",")
+    if origin.strip()
+]
 #: Caps on a submit's arguments (effect_broker.domain.argument_limits; issue 12).
 EFFECT_BROKER_ARGUMENT_LIMITS = {
     "max_keys": _positive_int("EFFECT_BROKER_MAX_ARGUMENT_KEYS", 1000),

@@ -261,6 +261,12 @@ class EmbeddedPostgresUnavailable(BrokerError):
     mirrors = domain.EmbeddedPostgresError
 
 
+class OriginNotAllowed(BrokerError):
+    """The request's Origin is not one the MCP endpoint serves (403)."""
+
+    mirrors = domain.OriginNotAllowedError
+
+
 class InvalidSecretRef(BrokerError):
     """A ``{"$secret": ...}`` argument is malformed (422); nothing was stored."""
 

@@ -150,6 +150,14 @@ class DisallowedHostError(EffectBrokerError):
     http_status = 400
 
 
+class OriginNotAllowedError(EffectBrokerError):
+    """The Origin header names a web origin this MCP endpoint does not serve
+    (``EFFECT_BROKER_MCP_ALLOWED_ORIGINS``)."""
+
+    code = "origin_not_allowed"
+    http_status = 403
+
+
 class InvalidSecretRefError(EffectBrokerError):
     """A secret reference is malformed: write {"$secret": "env:NAME"} or
     {"$secret": "file:NAME"}."""

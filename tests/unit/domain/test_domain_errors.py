@@ -49,6 +49,7 @@ EXPECTED = {
     "RouteNotFoundError": ("route_not_found", 404),
     "MethodNotAllowedError": ("method_not_allowed", 405),
     "DisallowedHostError": ("disallowed_host", 400),
+    "OriginNotAllowedError": ("origin_not_allowed", 403),
     "StaleWriteError": ("stale_write", 409),
     "UnfencedWriteError": ("unfenced_write", 500),
     "IllegalTransitionError": ("illegal_transition", 409),
