@@ -62,7 +62,11 @@ def locked_until(username: str | None, request: HttpRequest | None) -> datetime 
 
 def _record_failure(username: str | None, request: HttpRequest | None) -> None:
     now = timezone.now()
-    params = {"key": _key(username, request), "now": now, "expired": now - _window()}
+    params: dict[str, str | datetime] = {
+        "key": _key(username, request),
+        "now": now,
+        "expired": now - _window(),
+    }
     with connection.cursor() as cursor:
         cursor.execute(_RECORD_FAILURE, params)
 

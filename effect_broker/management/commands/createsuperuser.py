@@ -72,4 +72,5 @@ class Command(createsuperuser.Command):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.UserModel = _CheckedUserModel(self.UserModel)
+        # Stands in for the model class where the command reaches its manager.
+        self.UserModel = _CheckedUserModel(self.UserModel)  # type: ignore[assignment]
