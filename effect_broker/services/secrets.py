@@ -3,9 +3,9 @@
 ``{"$secret": "env:NAME"}`` reads the worker's environment variable
 ``EFFECT_BROKER_SECRET_<NAME>``. The prefix is the boundary: a reference can reach
 only variables an operator provisioned as secrets for effects, never the master key,
-the database URL or anything else in the worker's environment. Every tenant served by
-the worker can refer to the same env secrets, so use them for one-tenant deployments
-or secrets meant for all tenants.
+the database URL or anything else in the worker's environment. Which tenant may name
+which secret is the contract's to say (``secrets``, ``tenant_secrets``; refused at
+submit otherwise, domain/secret_refs.py): the worker resolves only declared ones.
 
 ``{"$secret": "file:NAME"}`` reads ``<EFFECT_BROKER_SECRETS_DIR>/<tenant id>/NAME``
 (one trailing newline stripped): file secrets are per tenant, and a name is one path
