@@ -75,6 +75,10 @@ globals().update(transport_security(production=PRODUCTION))
 
 INSTALLED_APPS = [
     "django.contrib.admin",
+    # Before django.contrib.auth, so its createsuperuser (no bypass of the password
+    # validators) is the one Django runs. Its templates and static files are all
+    # under effect_broker/ names, so the order changes nothing else.
+    "effect_broker",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -84,7 +88,6 @@ INSTALLED_APPS = [
     # django-ninja's templates and its bundled Swagger UI assets (ninja/static): with
     # it installed, /docs loads them from STATIC_URL, never from a CDN (issue 11).
     "ninja",
-    "effect_broker",
 ]
 
 # Session, auth and messages serve only the admin: on the API's routes (/v1/,
@@ -230,6 +233,39 @@ def _positive(name: str, default: float) -> float:
 #: other request a 503).
 EFFECT_BROKER_BODY_TIMEOUT = _positive("EFFECT_BROKER_BODY_TIMEOUT", 30.0)
 EFFECT_BROKER_BODY_MIN_RATE = _positive("EFFECT_BROKER_BODY_MIN_RATE", 1024.0)
+#: Web origins whose pages may call /mcp (effect_broker.mcp.request_guards; issue 19):
+#: "https://app.example.com", or "http://localhost:*" for any port. A request with no
+#: Origin header (a non-browser client) is not affected; any other Origin is a 403.
+EFFECT_BROKER_MCP_ALLOWED_ORIGINS = [
+    origin.strip()
+    for origin in os.environ.get("EFFECT_BROKER_MCP_ALLOWED_ORIGINS", "").split(",")
+    if origin.strip()
+]
+#: Admin login throttling (effect_broker.admin_login; issue 19): this many failed
+#: logins for one username from one address lock that pair out for the window.
+AUTHENTICATION_BACKENDS = ["effect_broker.admin_login.ThrottledModelBackend"]
+EFFECT_BROKER_ADMIN_LOGIN_MAX_FAILURES = _positive_int(
+    "EFFECT_BROKER_ADMIN_LOGIN_MAX_FAILURES", 5
+)
+EFFECT_BROKER_ADMIN_LOGIN_LOCKOUT_SECONDS = _positive_int(
+    "EFFECT_BROKER_ADMIN_LOGIN_LOCKOUT_SECONDS", 900
+)
+#: Django's four password validators in production, enforced on every password set
+#: (createsuperuser's bypass prompt and --noinput included: effect_broker's own
+#: command; issue 19: production took "1"). Development keeps none.
+AUTH_PASSWORD_VALIDATORS = (
+    [
+        {"NAME": f"django.contrib.auth.password_validation.{name}"}
+        for name in (
+            "UserAttributeSimilarityValidator",
+            "MinimumLengthValidator",
+            "CommonPasswordValidator",
+            "NumericPasswordValidator",
+        )
+    ]
+    if PRODUCTION
+    else []
+)
 #: Caps on a submit's arguments (effect_broker.domain.argument_limits; issue 12).
 EFFECT_BROKER_ARGUMENT_LIMITS = {
     "max_keys": _positive_int("EFFECT_BROKER_MAX_ARGUMENT_KEYS", 1000),

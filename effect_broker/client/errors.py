@@ -267,10 +267,30 @@ class EmbeddedPostgresUnavailable(BrokerError):
     mirrors = domain.EmbeddedPostgresError
 
 
+class OriginNotAllowed(BrokerError):
+    """The request's Origin is not one the MCP endpoint serves (403)."""
+
+    mirrors = domain.OriginNotAllowedError
+
+
 class InvalidSecretRef(BrokerError):
     """A ``{"$secret": ...}`` argument is malformed (422); nothing was stored."""
 
     mirrors = domain.InvalidSecretRefError
+
+
+class ContractsUnavailable(BrokerError):
+    """The broker cannot load its contracts (503); nothing was done. Retry later with
+    the same operation key."""
+
+    mirrors = domain.ContractsUnavailableError
+
+
+class SecretRefNotDeclared(BrokerError):
+    """A ``{"$secret": ...}`` argument names a secret the contract does not declare
+    for this tenant (422); nothing was stored."""
+
+    mirrors = domain.SecretRefNotDeclaredError
 
 
 class SecretUnavailable(BrokerError):

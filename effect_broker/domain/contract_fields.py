@@ -132,6 +132,24 @@ CONTRACT: tuple[ContractField, ...] = (
         "mcp", TABLE, "The tool's face on the broker's own MCP server ([contract.mcp])."
     ),
     ContractField(
+        "secrets",
+        {"type": "array", "items": {"type": "string", "pattern": "^(env|file):.+"}},
+        "The secret references (\"env:NAME\", \"file:name\") any tenant's arguments "
+        "may name for this contract; any other reference is refused at submit.",
+        "[]",
+    ),
+    ContractField(
+        "tenant_secrets",
+        {
+            "type": "object",
+            "additionalProperties": {
+                "type": "array",
+                "items": {"type": "string", "pattern": "^(env|file):.+"},
+            },
+        },
+        "More references one tenant may name, by tenant name ([contract.tenant_secrets]).",
+    ),
+    ContractField(
         "upstream",
         TABLE,
         "The upstream MCP server and tool "

@@ -25,6 +25,9 @@ File format (``contracts.toml``)::
                                    # default EFFECT_BROKER_UNKNOWN_ALERT_AFTER_SECONDS
     adapter = "http"               # default "simulated"
     preview_fields = ["amount", "currency"]   # arguments shown unredacted
+    secrets = ["env:STRIPE_KEY"]   # {"$secret": ...} references any tenant may use
+    [contract.tenant_secrets]      # optional: references only one tenant may use,
+    acme = ["file:card-token"]     #   by tenant name (see domain/secret_refs.py)
     active = true                  # at most one active contract per tool; default true
     description = "Charge a card"  # optional
     [contract.adapter_options]     # optional table, passed to the adapter as is
@@ -111,7 +114,12 @@ from typing import Any, NoReturn
 import jsonschema
 
 from effect_broker.domain import contract_fields
-from effect_broker.domain.errors import ContractError, UnknownContractError
+from effect_broker.domain.errors import (
+    ContractError,
+    InvalidSecretRefError,
+    UnknownContractError,
+)
+from effect_broker.domain.secret_refs import parse_ref_text
 from effect_broker.domain.states import SafetyClass
 from effect_broker.domain.upstream import (
     McpUpstream,
@@ -210,6 +218,13 @@ class EffectContract:
     mcp: McpFace | None = None
     #: The upstream MCP server and tool (``adapter = "mcp"`` only).
     upstream: McpUpstream | None = None
+    #: ``{"$secret": ...}`` references ("env:NAME", "file:NAME") every tenant may use;
+    #: any other is refused at submit (domain/secret_refs.py, issue 19 item 11).
+    secrets: tuple[str, ...] = ()
+    #: References only the named tenant may use, by tenant name.
+    tenant_secrets: Mapping[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     def __post_init__(self) -> None:
         # Contracts built in code get the same invariants as contracts from a file;
@@ -269,6 +284,38 @@ class EffectContract:
         if self.mcp is not None and not isinstance(self.mcp, McpFace):
             self._fail("mcp", "must be an McpFace")
         self._check_upstream()
+        object.__setattr__(self, "secrets", self._ref_list("secrets", self.secrets))
+        if not isinstance(self.tenant_secrets, Mapping):
+            self._fail("tenant_secrets", "must be a table of tenant name = [references]")
+        per_tenant = {
+            tenant: self._ref_list(f"tenant_secrets.{tenant}", refs)
+            for tenant, refs in self.tenant_secrets.items()
+        }
+        object.__setattr__(self, "tenant_secrets", MappingProxyType(per_tenant))
+
+    def _ref_list(self, field_name: str, value: object) -> tuple[str, ...]:
+        if not isinstance(value, list | tuple):
+            self._fail(field_name, 'must be a list such as ["env:STRIPE_KEY"]')
+        for item in value:
+            try:
+                parse_ref_text(item, field=field_name)
+            except InvalidSecretRefError:
+                self._fail(
+                    field_name,
+                    f"{item!r} is not a secret reference: write 'env:NAME' or "
+                    "'file:NAME' (one file name, no path)",
+                )
+        return tuple(value)
+
+    def declared_secrets(self, tenant_name: str) -> frozenset[str]:
+        """The references ``tenant_name`` may use in this contract's arguments."""
+        for_tenant = self.tenant_secrets.get(tenant_name, ())
+        return frozenset(self.secrets) | frozenset(for_tenant)
+
+    @property
+    def label(self) -> str:
+        """``name@version``, as errors and events name a pinned contract."""
+        return f"{self.name}@{self.version}"
 
     def _check_upstream(self) -> None:
         # Guarantee vocabulary for the mcp adapter: the class follows what the
@@ -485,6 +532,13 @@ def _parse_one(raw: object, index: int, source: str) -> EffectContract:
         )
     if "preview_fields" in table and not isinstance(table["preview_fields"], list):
         raise error("must be a list of strings", "preview_fields", label, version)
+    if "tenant_secrets" in table and not isinstance(table["tenant_secrets"], dict):
+        raise error(
+            "must be a table ([contract.tenant_secrets]) of tenant name = [references]",
+            "tenant_secrets",
+            label,
+            version,
+        )
     if "mcp" in table:
         try:
             values["mcp"] = _parse_mcp(table["mcp"], source)

@@ -161,11 +161,27 @@ class DisallowedHostError(EffectBrokerError):
     http_status = 400
 
 
+class OriginNotAllowedError(EffectBrokerError):
+    """The Origin header names a web origin this MCP endpoint does not serve
+    (``EFFECT_BROKER_MCP_ALLOWED_ORIGINS``)."""
+
+    code = "origin_not_allowed"
+    http_status = 403
+
+
 class InvalidSecretRefError(EffectBrokerError):
     """A secret reference is malformed: write {"$secret": "env:NAME"} or
     {"$secret": "file:NAME"}."""
 
     code = "invalid_secret_ref"
+    http_status = 422
+
+
+class SecretRefNotDeclaredError(EffectBrokerError):
+    """A secret reference names a secret the effect's contract does not declare for
+    this tenant; nothing was written."""
+
+    code = "secret_ref_not_declared"
     http_status = 422
 
 
@@ -233,6 +249,14 @@ class ContractError(EffectBrokerError):
             reason=reason,
             **details,
         )
+
+
+class ContractsUnavailableError(EffectBrokerError):
+    """The broker cannot load its contracts right now; nothing was done. Try again
+    later with the same operation key; the operator's log names the problem."""
+
+    code = "contracts_unavailable"
+    http_status = 503
 
 
 class UnknownContractError(EffectBrokerError):
