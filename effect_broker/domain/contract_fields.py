@@ -134,7 +134,7 @@ CONTRACT: tuple[ContractField, ...] = (
     ContractField(
         "secrets",
         {"type": "array", "items": {"type": "string", "pattern": "^(env|file):.+"}},
-        "The secret references (\"env:NAME\", \"file:name\") any tenant's arguments "
+        'The secret references ("env:NAME", "file:name") any tenant\'s arguments '
         "may name for this contract; any other reference is refused at submit.",
         "[]",
     ),
@@ -147,7 +147,8 @@ CONTRACT: tuple[ContractField, ...] = (
                 "items": {"type": "string", "pattern": "^(env|file):.+"},
             },
         },
-        "More references one tenant may name, by tenant name ([contract.tenant_secrets]).",
+        "More references one tenant may name, by tenant name "
+        "([contract.tenant_secrets]).",
     ),
     ContractField(
         "upstream",
