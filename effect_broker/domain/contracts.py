@@ -32,8 +32,9 @@ File format (``contracts.toml``)::
     description = "Charge a card"  # optional
     [contract.adapter_options]     # optional table, passed to the adapter as is
     url = "http://127.0.0.1:8081/charges"
-    [contract.mcp]                 # optional: the tool's face on the MCP server
-    expose = true                  # list and forward it; default true
+    [contract.mcp]                 # optional: the tool's face on the MCP server;
+                                   #   without this table the tool is not listed
+    expose = true                  # with the table: list and forward it (default)
     description = "Charge a card once per order"   # default: the contract's
     # input_schema_file = "schemas/charge.json"  (relative to this file), or inline:
     [contract.mcp.input_schema]    # a JSON Schema of type "object"
