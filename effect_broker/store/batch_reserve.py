@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
@@ -75,6 +75,7 @@ def reserve_many(
     now: datetime,
     actors: Sequence[str],
     jobs: Sequence[QueuedJob] | None = None,
+    database_offset: timedelta = timedelta(0),
 ) -> list[tuple[EffectRecord, bool]]:
     """Insert each intent whose (tenant, operation_key) is free; return, in the order
     given, (row, created) per intent: the new row, or the one that already held the key.
@@ -82,7 +83,9 @@ def reserve_many(
     All intents belong to one tenant and carry distinct keys; ``actors[i]`` is the
     actor of ``intents[i]``'s ``reserved`` event. ``jobs[i]`` is the dispatch job of
     ``intents[i]``, inserted only if that intent is. Intents, events and jobs are ONE
-    statement: one round trip and, in autocommit, one commit.
+    statement: one round trip and, in autocommit, one commit. As in ``reserve``,
+    ``now`` stamps rows and events, and the first due time is the database's clock
+    plus ``database_offset``.
     """
     if not intents:
         return []
@@ -110,6 +113,7 @@ def reserve_many(
         "tenant": tenant_id,
         "status": EffectStatus.PREPARED.value,
         "now": now,
+        "offset": database_offset,
         "genesis": GENESIS_DIGEST,
     }
     found: dict[str, tuple[EffectRecord, bool]] = {}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from django.db import connection
@@ -179,9 +179,17 @@ def reserved_event_params(
 
 
 def reserve(
-    intent: NewIntent, *, now: datetime, actor: str, job: QueuedJob | None = None
+    intent: NewIntent,
+    *,
+    now: datetime,
+    actor: str,
+    job: QueuedJob | None = None,
+    database_offset: timedelta = timedelta(0),
 ) -> tuple[EffectRecord, bool]:
     """Insert the intent unless (tenant, operation_key) exists; return (row, created).
+
+    ``now`` stamps the row and its event; the first due time is the database's clock
+    plus ``database_offset`` (a test clock's; zero in production), never ``now``.
 
     The intent, its ``reserved`` event and ``job`` (if given) are one statement: in
     autocommit that is one round trip and one commit; inside a caller's transaction it
@@ -203,7 +211,7 @@ def reserve(
         intent.safety_class,
         intent.downstream_key,
         EffectStatus.PREPARED.value,
-        now,
+        database_offset,  # next_action_at: the database's clock (sql.RESERVE_INTENT)
         intent.trace_id,
         intent.requested_by,
         now,
