@@ -19,6 +19,7 @@ from effect_broker.domain.event_chain import GENESIS_DIGEST
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus
 from effect_broker.store import prepared, sql
+from effect_broker.store.conflicts import retryable_conflicts
 from effect_broker.store.ledger import (
     NewIntent,
     QueuedJob,
@@ -85,7 +86,8 @@ def reserve_many(
     ``intents[i]``, inserted only if that intent is. Intents, events and jobs are ONE
     statement: one round trip and, in autocommit, one commit. As in ``reserve``,
     ``now`` stamps rows and events, and the first due time is the database's clock
-    plus ``database_offset``.
+    plus ``database_offset``. The rows are inserted in key order, so batches that
+    share keys wait for each other instead of deadlocking.
     """
     if not intents:
         return []
@@ -118,8 +120,9 @@ def reserve_many(
     }
     found: dict[str, tuple[EffectRecord, bool]] = {}
     # Prepared on the server (store/prepared.py): the batch's text is the same for
-    # every size (its items are one JSON parameter), so one plan serves them all.
-    with prepared.cursor() as cur:
+    # every size (its items are one JSON parameter), so one plan serves them all. A
+    # deadlock or serialization failure wrote nothing of the batch: a 503 to retry.
+    with retryable_conflicts(), prepared.cursor() as cur:
         cur.execute(statement, params)
         rows = cur.fetchall()
     for row in rows:

@@ -30,6 +30,7 @@ from effect_broker.domain.ids import new_row_id
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus, check_transition
 from effect_broker.store import prepared, sql
+from effect_broker.store.conflicts import retryable_conflicts
 from effect_broker.store.db_time import DbTime
 from effect_broker.store.rows import record_from_row
 
@@ -234,8 +235,9 @@ def reserve(
         statement = sql.RESERVE_INTENT.format(job="", job_source="")
     params += [intent.tenant_id, intent.operation_key]
     # Prepared on the server: the hottest statement of all, planned once per
-    # connection instead of on every submit (store/prepared.py).
-    with prepared.cursor() as cur:
+    # connection instead of on every submit (store/prepared.py). A deadlock or
+    # serialization failure wrote nothing and is the caller's to retry (503).
+    with retryable_conflicts(), prepared.cursor() as cur:
         cur.execute(statement, params)
         row = cur.fetchone()
     if row is not None:

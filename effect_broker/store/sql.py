@@ -255,7 +255,8 @@ SELECT_DUE = (
 # The items arrive as ONE bound JSON array (bytes as hex), read back into typed rows
 # by ``jsonb_to_record``: one parameter to quote, where an array per column cost the
 # client more to quote than the statement took to run. ``ord`` keeps the caller's
-# order. ``next_action_at`` is the database's clock, as in
+# order for the jobs (the answer is put back in it by the caller); the intents are
+# inserted in key order (below). ``next_action_at`` is the database's clock, as in
 # ``RESERVE_INTENT``. ``existing`` reads the keys that were already taken, in the
 # same statement: its snapshot predates this statement's inserts, so it sees exactly
 # the rows committed before it. A key a concurrent inserter committed after that
@@ -288,7 +289,11 @@ WITH input AS (
         contract_name, contract_version, safety_class, downstream_key, %(status)s, 1,
         0, clock_timestamp() + %(offset)s::interval, trace_id, requested_by,
         %(now)s::timestamptz, %(now)s::timestamptz, trace_context
-    FROM input ORDER BY ord
+    -- In key order, not the caller's: each insert takes its key's unique-index entry
+    -- and holds it to commit, so two batches sharing keys in opposite orders each
+    -- waited for the other's: a deadlock, one of them a 500 (issue 19, item 3). With
+    -- one order for every batch the later one waits, then replays.
+    FROM input ORDER BY operation_key
     ON CONFLICT (tenant_id, operation_key) DO NOTHING
     RETURNING """
     + ", ".join(INTENT_COLUMNS)
