@@ -4,25 +4,35 @@ submitting host's.
 Both reservation statements (single and batch) wrote ``next_action_at`` from the API
 process's wall clock; with that host 10 minutes ahead, a worker with a correct clock
 found every new effect "not due yet" and re-deferred it by 10 minutes. Here the
-SUBMITTING process's clock is skewed; the worker's is not.
+SUBMITTING process's clock is skewed; the worker's is not: through an injected clock
+(the engine bench), and in a real process whose wall clock runs ahead.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from dataclasses import replace
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from effect_broker import store
 from effect_broker.domain.clock import ManualClock
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus, SafetyClass
+from effect_broker.models import EffectIntent
 from effect_broker.services.batch_submission import CREATED, submit_many
 from effect_broker.services.dispatch import dispatch
 from effect_broker.services.runtime import Runtime, get_runtime
 from effect_broker.services.submission import submit
+from examples.crash_matrix.edge_clock import skewed_env
+from examples.crash_matrix.workers import ROOT
 from tests.integration.engine.harness import TOOLS, Bench
+from tests.integration.mcp_support import open_world
 
 IDEMPOTENT = SafetyClass.IDEMPOTENT
 SKEW = timedelta(minutes=10)
@@ -120,3 +130,66 @@ def test_a_test_clock_moved_forward_moves_the_first_due_time_with_it(
         assert record.next_action_at is not None
         assert before <= record.next_action_at <= after
         assert record.next_action_at - store.database_now() > timedelta(minutes=59)
+
+
+# --- a real process whose wall clock runs ahead ----------------------------------------
+
+_SUBMITTER = """
+import json, sys
+import django
+django.setup()
+from effect_broker.domain.records import EffectRequest
+from effect_broker.models import Tenant
+from effect_broker.services.batch_submission import submit_many
+from effect_broker.services.submission import submit
+
+tenant = Tenant.objects.get(name=sys.argv[1])
+def request(key):
+    return EffectRequest(key, "charge_idempotent", {"order": key, "amount_minor": 5})
+single = submit(tenant, request("skewed:single")).effect
+batch = submit_many(tenant, [request("skewed:batch:1"), request("skewed:batch:2")])
+print(json.dumps([single.effect_id, *[r.effect.effect_id for r in batch]]))
+"""
+
+
+def test_a_submitting_process_whose_wall_clock_runs_ahead_writes_the_databases_due_time(
+    transactional_db: None, tmp_path: Path
+) -> None:
+    """The production clock (``SystemClock``) in a process whose wall clock is really
+    10 minutes ahead (libfaketime, or a ``sitecustomize`` that shifts Python's clock),
+    submitting one effect and a batch of two with the production scheduler."""
+    with open_world(tmp_path) as world:
+        env, _how = skewed_env(
+            {**world.env, "DJANGO_SETTINGS_MODULE": "config.settings"},
+            int(SKEW.total_seconds()),
+            tmp_path,
+        )
+        before = store.database_now()
+        done = subprocess.run(
+            [sys.executable, "-c", _SUBMITTER, world.tenant.name],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        after = store.database_now()
+        assert done.returncode == 0, done.stderr[-2000:]
+        ids = json.loads(done.stdout.strip().splitlines()[-1])
+        assert len(ids) == 3
+        for effect_id in ids:
+            row = EffectIntent.objects.get(pk=effect_id)
+            # The process's clock really ran ahead: its stamp is 10 minutes early
+            assert row.created_at - after > SKEW - timedelta(seconds=30)
+            # Yet the first due time is the database's clock at the write
+            assert row.next_action_at is not None
+            assert before <= row.next_action_at <= after
+            # And its dispatch job is due at once on the database's clock
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT scheduled_at FROM procrastinate_jobs"
+                    " WHERE args->>'effect_id' = %s",
+                    [effect_id],
+                )
+                assert cur.fetchall() == [(None,)]
