@@ -10,12 +10,15 @@ the database error so the cause survives (STYLE rule 3).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.db import DatabaseError
 
 from effect_broker.domain.errors import DatabaseConflictError
+
+logger = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -28,4 +31,14 @@ def retryable_conflicts() -> Iterator[None]:
         conflict = DatabaseConflictError.of(exc)
         if conflict is None:
             raise
+        # One line per cancelled write, so a rate of them shows in the log; the
+        # server's message is left out (it may quote a row's values, STYLE rule 8).
+        logger.warning(
+            "write cancelled by the database for a concurrent one: %s",
+            conflict.details["reason"],
+            extra={
+                "action": "database_conflict",
+                "sqlstate": conflict.details["sqlstate"],
+            },
+        )
         raise conflict from exc

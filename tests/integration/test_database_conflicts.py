@@ -177,7 +177,7 @@ def test_two_batches_with_the_same_keys_in_opposite_orders_do_not_deadlock(
 # statement would abort the test's own transaction.
 @pytest.mark.django_db(transaction=True)
 def test_a_deadlocked_submit_is_a_retryable_503_and_writes_nothing(
-    conflicting_inserts: None,
+    conflicting_inserts: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Given a submit whose reservation the database cancels as a deadlock
     client, key = Client(), create_tenant("rest-single")[1]
@@ -193,6 +193,12 @@ def test_a_deadlocked_submit_is_a_retryable_503_and_writes_nothing(
     # Then it is a 503 to retry, as problem+json with Retry-After, and nothing stayed
     _retryable_503(response, "deadlock", "40P01")
     _nothing_written(tenant, ["order:1:deadlock"], jobs)
+    # And the log has one line for it, without the server's message
+    lines = [r for r in caplog.records if getattr(r, "action", "") == "database_conflict"]
+    assert [(r.levelname, getattr(r, "sqlstate", "")) for r in lines] == [
+        ("WARNING", "40P01")
+    ]
+    assert "(test)" not in caplog.text
 
 
 @pytest.mark.django_db(transaction=True)
