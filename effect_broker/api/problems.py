@@ -22,6 +22,7 @@ from psycopg_pool import PoolTimeout
 from effect_broker.domain.canonical import canonical_json, parse_json_strict
 from effect_broker.domain.errors import (
     AuthenticationError,
+    DatabaseConflictError,
     EffectBrokerError,
     InvalidJsonError,
     OverloadedError,
@@ -251,8 +252,14 @@ def _too_large(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
 
 
 def database_error(request: HttpRequest, exc: DjangoDatabaseError) -> HttpResponse:
-    """A database error: 503 ``overloaded`` when no connection was free, else 500.
+    """A database error: 503 ``overloaded`` when no connection was free, 503
+    ``database_conflict`` for a deadlock or serialization failure, else 500.
     (``effect_broker.api.database_unavailable`` answers an outage before this.)"""
+    # The store raises the conflict of a reservation as the domain error already;
+    # this catches one from any other statement: never a 500 for it (issue 19).
+    conflict = DatabaseConflictError.of(exc)
+    if conflict is not None:
+        return domain_error(request, conflict)
     return _refused_for_capacity(request, exc) or _unexpected(request, exc)
 
 

@@ -323,6 +323,15 @@ class DatabaseUnavailable(BrokerError):
     mirrors = domain.DatabaseUnavailableError
 
 
+class DatabaseConflict(BrokerError):
+    """The broker's database cancelled the request for a concurrent one (503
+    ``database_conflict`` with ``Retry-After``: a deadlock or serialization failure);
+    nothing was recorded. The client resends it like any 5xx: with the same operation
+    key a resend reserves the effect or replays it."""
+
+    mirrors = domain.DatabaseConflictError
+
+
 class AdapterFailed(BrokerError):
     """The target adapter failed."""
 

@@ -417,6 +417,45 @@ class DatabaseUnavailableError(EffectBrokerError):
     http_status = 503
 
 
+class DatabaseConflictError(EffectBrokerError):
+    """The database cancelled this request to settle a conflict with a concurrent one;
+    nothing was recorded. Retry later.
+
+    PostgreSQL aborts one of two transactions that wait for each other (deadlock,
+    SQLSTATE 40P01) or that cannot both be serialized (40001), and rolls back all it
+    wrote: every ledger write is one statement, so no part of it stays. The response
+    carries ``Retry-After``; resending with the same operation key is safe: it
+    reserves the effect or replays the one the concurrent request reserved. Build it
+    with ``of``, which recognises the database error.
+    """
+
+    code = "database_conflict"
+    http_status = 503
+
+    #: The SQLSTATEs that mean "aborted for a concurrent transaction", by reason.
+    SQLSTATES: ClassVar[dict[str, str]] = {
+        "40P01": "deadlock",
+        "40001": "serialization_failure",
+    }
+    #: Seconds a caller should wait: the transaction it met has finished by then.
+    RETRY_AFTER_SECONDS: ClassVar[int] = 1
+
+    @classmethod
+    def of(cls, exc: BaseException) -> DatabaseConflictError | None:
+        """The error for ``exc`` - a driver error with a conflict SQLSTATE, or a
+        wrapper whose cause is one (Django's) - else None. Reads ``sqlstate`` only,
+        so the domain imports no driver."""
+        for candidate in (exc, exc.__cause__):
+            sqlstate = getattr(candidate, "sqlstate", None)
+            if isinstance(sqlstate, str) and sqlstate in cls.SQLSTATES:
+                return cls(
+                    reason=cls.SQLSTATES[sqlstate],
+                    sqlstate=sqlstate,
+                    retry_after_seconds=cls.RETRY_AFTER_SECONDS,
+                )
+        return None
+
+
 # --- adapters (target truth) ----------------------------------------------------------
 
 

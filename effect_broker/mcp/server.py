@@ -25,7 +25,11 @@ from django.db import connections
 from mcp.server import Server, ServerRequestContext
 
 from effect_broker.api.rate_limit import charge_submit
-from effect_broker.domain.errors import ConfigurationError, EffectBrokerError
+from effect_broker.domain.errors import (
+    ConfigurationError,
+    DatabaseConflictError,
+    EffectBrokerError,
+)
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus
 from effect_broker.domain.storable_text import require_storable
@@ -123,7 +127,12 @@ def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Serve
             return await in_thread(_outcome, tenant, record)
         except EffectBrokerError as exc:
             return _domain_error(exc)
-        except Exception:
+        except Exception as exc:
+            # A deadlock or serialization failure the store did not already raise as
+            # the domain error: retryable, as over HTTP, never internal (issue 19).
+            conflict = DatabaseConflictError.of(exc)
+            if conflict is not None:
+                return _domain_error(conflict)
             # Never a traceback or an internal message to an agent (a database error's
             # text can name tables and values); the log keeps the detail.
             logger.exception("mcp tool call failed", extra={"tool": params.name})

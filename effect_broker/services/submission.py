@@ -163,7 +163,14 @@ def submit(
     # in the reservation statement, which is about to be sent.
     job = rt.scheduler.reservation_job(intent.effect_id)
     failpoints.hit("before_reservation_commit", subject=subject)
-    record, created = store.reserve(intent, now=rt.clock.now(), actor=actor, job=job)
+    record, created = store.reserve(
+        intent,
+        now=rt.clock.now(),
+        actor=actor,
+        job=job,
+        # The first due time is the database's clock, not this host's (issue 19).
+        database_offset=rt.clock.database_offset(),
+    )
     if created:
         if job is None:
             rt.scheduler.dispatch(record.effect_id)

@@ -72,6 +72,7 @@ EXPECTED = {
     "EmbeddedPostgresError": ("embedded_postgres", 500),
     "OverloadedError": ("overloaded", 503),
     "DatabaseUnavailableError": ("database_unavailable", 503),
+    "DatabaseConflictError": ("database_conflict", 503),
     "AdapterError": ("adapter_error", 502),
     "RetryableAdapterError": ("adapter_retryable", 502),
     "SendRefusedError": ("send_refused", 502),
