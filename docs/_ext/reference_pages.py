@@ -1,6 +1,6 @@
 """Reference pages generated from the code at build time, so they cannot drift.
 
-Sphinx calls :func:`setup`; on ``builder-inited`` this writes Markdown fragments under
+Sphinx calls :func:`setup`; on ``config-inited`` this writes Markdown fragments under
 ``docs/reference/_generated/`` (ignored by git), which the hand-written reference pages
 pull in with MyST's ``{include}``. What is generated:
 
@@ -187,10 +187,11 @@ def write_all(out: Path = OUT) -> list[Path]:
     return written
 
 
-def _on_builder_inited(app: Any) -> None:
+def _on_config_inited(app: Any, config: Any) -> None:
     write_all()
 
 
 def setup(app: Any) -> dict[str, Any]:
-    app.connect("builder-inited", _on_builder_inited)
+    # Before Sphinx checks html_extra_path (priority 800), which serves openapi.json.
+    app.connect("config-inited", _on_config_inited, priority=400)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -64,6 +64,7 @@ def test_steps_0_1_and_3_run_on_the_embedded_server(tmp_path: Path) -> None:
     url = found.stdout.strip()
     env = {**env, "DATABASE_URL": url}
     port = free_port()
+    log = (tmp_path / "target.log").open("wb")
     target = subprocess.Popen(
         [
             sys.executable,
@@ -76,14 +77,14 @@ def test_steps_0_1_and_3_run_on_the_embedded_server(tmp_path: Path) -> None:
         ],
         cwd=ROOT,
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         # Then step 1's target starts and answers
         deadline = time.monotonic() + 60
         while True:
-            assert target.poll() is None, target.communicate()[1][-2000:]
+            assert target.poll() is None, (tmp_path / "target.log").read_text()[-2000:]
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/stats").status_code == 200:
                     break
@@ -99,6 +100,7 @@ def test_steps_0_1_and_3_run_on_the_embedded_server(tmp_path: Path) -> None:
     finally:
         target.terminate()
         target.wait(15)
+        log.close()
         with psycopg.connect(
             url.replace(f"/{name}?", "/postgres?"), autocommit=True
         ) as c:
