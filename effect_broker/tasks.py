@@ -47,7 +47,7 @@ def _actor(context: JobContext) -> str:
 @app.task(queue="dispatch", name=DISPATCH_TASK, pass_context=True)
 def dispatch_effect(context: JobContext, effect_id: str) -> None:
     """Dispatch one effect (no-op unless it is prepared or due for retry)."""
-    _unless_busy(
+    retry_later_if_busy(
         "dispatch",
         effect_id,
         lambda: dispatch.dispatch(effect_id, worker=_actor(context)),
@@ -57,14 +57,14 @@ def dispatch_effect(context: JobContext, effect_id: str) -> None:
 @app.task(queue="reconcile", name=RECONCILE_TASK, pass_context=True)
 def reconcile_effect(context: JobContext, effect_id: str) -> None:
     """Reconcile one effect whose outcome is unknown (no-op for unsafe effects)."""
-    _unless_busy(
+    retry_later_if_busy(
         "reconcile",
         effect_id,
         lambda: reconcile.reconcile(effect_id, worker=_actor(context)),
     )
 
 
-def _unless_busy(kind: str, effect_id: str, work: Callable[[], object]) -> None:
+def retry_later_if_busy(kind: str, effect_id: str, work: Callable[[], object]) -> None:
     """Run ``work``; when a statement gave up waiting for a lock (another session,
     perhaps a stuck one, holds the effect's row), defer the job again instead of
     failing it: the statement wrote nothing, and the effect is as it was."""
