@@ -86,15 +86,16 @@ def connection_safety_options() -> dict[str, int]:
 #: for a lock (a claim or a write meeting a row a stuck session holds fails with
 #: 55P03 and is retried later: ``effect_broker.store.lock_waits``).
 #: ``statement_timeout`` stops a runaway statement; it is generous, far above the
-#: broker's longest legitimate statement (the hourly job cleanup, ~1.5 s at 100k
-#: retained jobs), and ``migrate`` runs without it and without a lock timeout.
+#: broker's longest legitimate statement (the hourly job cleanup reads every retained
+#: job: ~1.5 s at 100k, minutes only with many millions retained), and ``migrate``
+#: runs without it and without a lock timeout (``store.lock_waits``).
 SESSION_TIMEOUTS = {
     "lock_timeout": ("EFFECT_BROKER_DB_LOCK_TIMEOUT_MS", 5_000),
     "idle_in_transaction_session_timeout": (
         "EFFECT_BROKER_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS",
         30_000,
     ),
-    "statement_timeout": ("EFFECT_BROKER_DB_STATEMENT_TIMEOUT_MS", 120_000),
+    "statement_timeout": ("EFFECT_BROKER_DB_STATEMENT_TIMEOUT_MS", 600_000),
 }
 
 

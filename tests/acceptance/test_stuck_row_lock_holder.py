@@ -255,7 +255,25 @@ def test_a_frozen_row_lock_holder_stalls_nobody_and_is_taken_over(world: World) 
         assert world.charges(stuck) == 1
         # When A is thawed
         worker_a.resume()
-        time.sleep(3)
+        # Then its dispatch job fails on the connection the server closed (its
+        # transaction, and the lock, went with the session) ...
+        thawed_job = wait_until(
+            lambda: next(
+                (
+                    line
+                    for line in worker_a.log_tail(4000).splitlines()
+                    if "dispatch_effect[" in line and "ended with status" in line
+                ),
+                None,
+            ),
+            timeout=30,
+            what="worker A's dispatch job to end after the thaw",
+        )
+        assert "ended with status: Error" in thawed_job
+        assert "server closed the connection" in worker_a.log_tail(4000)
+        # ... and A's process lives on
+        time.sleep(2)
+        assert worker_a.alive()
     except BaseException:
         for worker in (worker_a, *healthy):
             print(f"---- {worker.name} log ----\n{worker.log_tail(60)}")
@@ -265,7 +283,7 @@ def test_a_frozen_row_lock_holder_stalls_nobody_and_is_taken_over(world: World) 
             worker_a.resume()
         for worker in (worker_a, *healthy):
             worker.stop()
-    # Then it wrote nothing: the target was charged once, by the takeover
+    # ... and it wrote nothing: the target was charged once, by the takeover
     assert world.charges(stuck) == 1
     final = store.load_effect_for_worker(stuck.effect_id)
     assert final.status is EffectStatus.SUCCEEDED
@@ -274,11 +292,12 @@ def test_a_frozen_row_lock_holder_stalls_nobody_and_is_taken_over(world: World) 
         .order_by("ordinal")
         .values_list("worker", "outcome")
     )
-    # A's refused attempt stays open-then-unknown (its "not committed" rolled back with
-    # its session: the sweeper closed it); a healthy worker made the charge
-    assert attempts[0][0].startswith("worker-a:")
-    assert attempts[-1][0].startswith("worker-healthy-")
-    assert attempts[-1][1] == "succeeded"
+    # A's attempt was closed as unknown by the sweeper (its "not committed" rolled
+    # back with its session); a healthy worker made the one charge
+    assert len(attempts) == 2
+    assert attempts[0] == (claimed.lease_owner, "unknown")
+    assert attempts[1][0].startswith("worker-healthy-")
+    assert attempts[1][1] == "succeeded"
     assert store.verify_event_chain(stuck.effect_id) >= 4
     print(
         f"\n{OTHERS} others succeeded {others_took:.1f}s after submission; A's session "

@@ -79,14 +79,14 @@ def test_every_session_starts_with_bounded_lock_idle_and_statement_times(
         show("lock_timeout"),
         show("idle_in_transaction_session_timeout"),
         show("statement_timeout"),
-    ) == ("5s", "30s", "2min")
+    ) == ("5s", "30s", "10min")
     with psycopg.connect(**connector_params()) as worker_pool_conn:
         row = worker_pool_conn.execute(
             "SELECT current_setting('lock_timeout'), "
             "current_setting('idle_in_transaction_session_timeout'), "
             "current_setting('statement_timeout')"
         ).fetchone()
-    assert row == ("5s", "30s", "2min")
+    assert row == ("5s", "30s", "10min")
 
 
 def test_migrate_runs_without_statement_and_lock_timeouts_then_restores_them(
@@ -95,9 +95,9 @@ def test_migrate_runs_without_statement_and_lock_timeouts_then_restores_them(
     unbound_for_migrations()
     assert (show("statement_timeout"), show("lock_timeout")) == ("0", "0")
     rebound_after_migrations()
-    assert (show("statement_timeout"), show("lock_timeout")) == ("2min", "5s")
+    assert (show("statement_timeout"), show("lock_timeout")) == ("10min", "5s")
     call_command("migrate", verbosity=0)
-    assert (show("statement_timeout"), show("lock_timeout")) == ("2min", "5s")
+    assert (show("statement_timeout"), show("lock_timeout")) == ("10min", "5s")
 
 
 def test_the_sweep_skips_a_row_another_session_holds_and_handles_the_rest(

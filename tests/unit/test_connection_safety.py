@@ -30,11 +30,11 @@ SAFETY = {
 TIMEOUTS = {
     "lock_timeout": 5_000,
     "idle_in_transaction_session_timeout": 30_000,
-    "statement_timeout": 120_000,
+    "statement_timeout": 600_000,
 }
 SESSION = (
     "-c lock_timeout=5000 -c idle_in_transaction_session_timeout=30000 "
-    "-c statement_timeout=120000"
+    "-c statement_timeout=600000"
 )
 
 
@@ -109,7 +109,7 @@ def test_options_in_database_url_come_after_the_defaults_so_they_win(
     )
     assert entry["OPTIONS"]["options"] == (
         "-c lock_timeout=250 -c idle_in_transaction_session_timeout=30000 "
-        "-c statement_timeout=120000 -c statement_timeout=0 -c search_path=broker"
+        "-c statement_timeout=600000 -c statement_timeout=0 -c search_path=broker"
     )
 
 
