@@ -67,7 +67,10 @@ def reconcile_effect(context: JobContext, effect_id: str) -> None:
 def retry_later_if_busy(kind: str, effect_id: str, work: Callable[[], object]) -> None:
     """Run ``work``; when a statement gave up waiting for a lock (another session,
     perhaps a stuck one, holds the effect's row), defer the job again instead of
-    failing it: the statement wrote nothing, and the effect is as it was."""
+    failing it. That statement (and its transaction) wrote nothing, so the effect is
+    as its last committed write left it: still due (the job runs again in
+    ``BUSY_RETRY``), or claimed by this worker, whose lease then runs out and is
+    taken over as after a worker death - never failed for it."""
     try:
         work()
     except DatabaseError as exc:
