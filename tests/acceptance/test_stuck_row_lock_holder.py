@@ -24,6 +24,11 @@ out, as a worker frozen between two statements would. With A frozen:
   table, by key);
 * thawed, A writes nothing: its transaction died with its session.
 
+The second test freezes the other shape: a transactional dispatch's own transaction
+(claim done, mutation not run), whose row is locked while its committed state is still
+PREPARED; once the server ended the session the claim is rolled back and another
+worker applies the effect exactly once (the local table, counted by key).
+
 Every worker runs with the documented timeout defaults (none is set here).
 """
 
@@ -42,6 +47,7 @@ import pytest
 from django.conf import settings
 
 from effect_broker import failpoints, store
+from effect_broker.adapters.simulated_adapter import local_effect_count
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus
 from effect_broker.models import EffectAttempt, Tenant
@@ -98,10 +104,10 @@ class World:
         assert not [v for v in env if v.startswith("EFFECT_BROKER_DB_")]
         return env
 
-    def submit(self, key: str) -> EffectRecord:
+    def submit(self, key: str, safety: str = "idempotent") -> EffectRecord:
         request = EffectRequest(
             operation_key=key,
-            tool=TOOLS["idempotent"],
+            tool=TOOLS[safety],
             arguments={"order": "42", "amount_minor": 1999, "currency": "EUR"},
         )
         return submit(self.tenant, request).effect
@@ -161,6 +167,15 @@ def backend_state(database_url: str, pid: int) -> str | None:
             "SELECT state FROM pg_stat_activity WHERE pid = %s", [pid]
         ).fetchone()
     return str(row[0]) if row else None
+
+
+def session_ended_by_server(log: str) -> bool:
+    """Whether a worker's log shows its session ended under it: psycopg reports the
+    server's FATAL when it read it, else the closed socket."""
+    return (
+        "terminating connection due to idle-in-transaction timeout" in log
+        or "server closed the connection unexpectedly" in log
+    )
 
 
 def lock_waiters(database_url: str) -> list[str]:
@@ -270,7 +285,7 @@ def test_a_frozen_row_lock_holder_stalls_nobody_and_is_taken_over(world: World) 
             what="worker A's dispatch job to end after the thaw",
         )
         assert "ended with status: Error" in thawed_job
-        assert "server closed the connection" in worker_a.log_tail(4000)
+        assert session_ended_by_server(worker_a.log_tail(4000))
         # ... and A's process lives on
         time.sleep(2)
         assert worker_a.alive()
@@ -303,4 +318,103 @@ def test_a_frozen_row_lock_holder_stalls_nobody_and_is_taken_over(world: World) 
         f"\n{OTHERS} others succeeded {others_took:.1f}s after submission; A's session "
         f"ended {session_gone_after:.1f}s and its effect was taken over "
         f"{taken_over_after:.1f}s after the freeze; attempts {attempts}"
+    )
+
+
+def test_a_frozen_transactional_claim_is_rolled_back_with_its_session_and_taken_over(
+    world: World,
+) -> None:
+    """The other shape of the stall: the frozen transaction is a transactional
+    dispatch's own (claim UPDATE done, mutation not yet run), so the row is locked
+    while the committed state is still PREPARED. The takeover's claim meets the lock;
+    it waits no longer than lock_timeout each time, and once the server ended the
+    frozen session (rolling the claim back) it applies the effect exactly once."""
+    stuck_key = f"order:42:charge:stuck-tx:{uuid.uuid4().hex[:8]}"
+    subject = f"{world.tenant.id}/{stuck_key}"
+    # The thread stays inside its transaction past the takeover, and goes on soon
+    # after the thaw.
+    pause = IDLE_TIMEOUT + 15
+    failpoints.arm(world.fp_dir, subject, "before_request_write", pause=pause)
+    worker_a = WorkerProcess("worker-a", world.env(failpoint_dir=True), concurrency=1)
+    healthy: list[WorkerProcess] = []
+    try:
+        # Given worker A inside a transactional dispatch: its claim holds the row lock
+        stuck = world.submit(stuck_key, safety="transactional")
+        pid = wait_until(
+            lambda: failpoints.fired_by(world.fp_dir, subject, "before_request_write"),
+            timeout=60,
+            what="worker A's transactional claim to reach the failpoint",
+        )
+        assert pid == worker_a.pid
+        # When A is frozen there, and two healthy workers run
+        worker_a.pause()
+        frozen_at = time.monotonic()
+        assert status_of(stuck) is EffectStatus.PREPARED  # the claim is uncommitted
+        healthy = [
+            WorkerProcess(f"worker-healthy-{n}", world.env(), concurrency=2)
+            for n in (1, 2)
+        ]
+        time.sleep(max(0.0, frozen_at + STALL_DEVELOPS + 3 - time.monotonic()))
+        others = [
+            world.submit(f"order:42:charge:other-tx-{n}:{uuid.uuid4().hex[:6]}")
+            for n in range(OTHERS)
+        ]
+        # Then the others succeed within 30 s
+        wait_until(
+            lambda: all(status_of(r) is EffectStatus.SUCCEEDED for r in others),
+            timeout=OTHERS_WITHIN,
+            what=f"{OTHERS} other effects to succeed while worker A is frozen",
+        )
+        # ... and once the server ended A's session, the effect is applied once
+        wait_until(
+            lambda: status_of(stuck) is EffectStatus.SUCCEEDED,
+            timeout=IDLE_TIMEOUT + 30,
+            what="the frozen transactional effect to be taken over",
+        )
+        taken_over_after = time.monotonic() - frozen_at
+        assert local_effect_count(stuck.downstream_key) == 1
+        # When A is thawed, it applies nothing more (its transaction is gone)
+        worker_a.resume()
+        thawed_job = wait_until(
+            lambda: next(
+                (
+                    line
+                    for line in worker_a.log_tail(4000).splitlines()
+                    if "dispatch_effect[" in line and "ended with status" in line
+                ),
+                None,
+            ),
+            timeout=pause,
+            what="worker A's dispatch job to end after the thaw",
+        )
+        errors = [
+            line
+            for line in worker_a.log_tail(4000).splitlines()
+            if line.startswith(("psycopg.", "django.db."))
+        ]
+        assert "ended with status: Error" in thawed_job
+        assert session_ended_by_server(worker_a.log_tail(4000))
+    except BaseException:
+        for worker in (worker_a, *healthy):
+            print(f"---- {worker.name} log ----\n{worker.log_tail(60)}")
+        raise
+    finally:
+        if worker_a.alive():
+            worker_a.resume()
+        for worker in (worker_a, *healthy):
+            worker.stop()
+    assert local_effect_count(stuck.downstream_key) == 1
+    assert status_of(stuck) is EffectStatus.SUCCEEDED
+    workers = list(
+        EffectAttempt.objects.filter(effect_id=stuck.effect_id).values_list(
+            "worker", "outcome"
+        )
+    )
+    # A's attempt rolled back with its claim: the only attempt is the takeover's
+    assert len(workers) == 1
+    assert workers[0][0].startswith("worker-healthy-")
+    assert workers[0][1] == "succeeded"
+    print(
+        f"\ntransactional: taken over {taken_over_after:.1f}s after the freeze; "
+        f"thawed A: {thawed_job[24:200]}; {errors[:4]}"
     )
