@@ -239,15 +239,22 @@ INSERT INTO effect_stale_writes (
 # Sweeper reads. Both are served by partial/compound indexes on effect_intents, and
 # both compare on the database's clock (shifted by %s: a test clock's offset, zero in
 # production): a sweeper on a host whose clock runs ahead expires no live lease.
+# Both lock what they return and skip rows another session holds (issue 19 item 7: a
+# sweep waited on a frozen worker's row with no timeout): a held row is being written
+# by someone, and the next sweep looks again. NO KEY UPDATE, the lock a fenced UPDATE
+# takes, so a concurrent event insert's foreign-key lock does not make a row skipped.
+_SWEEP_LOCK = " FOR NO KEY UPDATE OF effect_intents SKIP LOCKED"
 SELECT_EXPIRED_LEASES = (
     SELECT_INTENT
     + " WHERE status = ANY(%s) AND lease_expires_at < clock_timestamp() + %s::interval"
     + " ORDER BY lease_expires_at LIMIT %s"
+    + _SWEEP_LOCK
 )
 SELECT_DUE = (
     SELECT_INTENT
     + " WHERE status = %s AND next_action_at <= clock_timestamp() + %s::interval"
     + " AND safety_class = ANY(%s) ORDER BY next_action_at LIMIT %s"
+    + _SWEEP_LOCK
 )
 
 # A batch reservation (issue 13): N intents, their ``reserved`` events and - when the
