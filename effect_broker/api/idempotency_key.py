@@ -134,6 +134,15 @@ def with_policy_link(response: HttpResponse) -> HttpResponse:
     return response
 
 
+# What the parser accepts, as a JSON Schema pattern (stricter only in leaving out
+# optional whitespace around the value): a token, or a quoted String whose key does
+# not start or end with a space (validate_operation_key refuses that).
+_QCHAR = r'[!#-\[\]-~]|\\["\\]'
+_HEADER_PATTERN = (
+    r"^(?:[A-Za-z*][A-Za-z0-9!#$%&'*+.^_`|~:/-]*"
+    rf'|"(?:{_QCHAR})(?:(?:{_QCHAR}| )*(?:{_QCHAR}))?")$'
+)
+
 #: The OpenAPI parameter object (django-ninja declares body and auth, not this).
 IDEMPOTENCY_KEY_PARAMETER = {
     "in": "header",
@@ -148,5 +157,10 @@ IDEMPOTENCY_KEY_PARAMETER = {
         "remembered for as long as its effect exists: the broker deletes no effect, "
         "so a key never expires and never names a second operation."
     ),
-    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_HEADER_KEY_LENGTH},
+    "schema": {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_HEADER_KEY_LENGTH,
+        "pattern": _HEADER_PATTERN,
+    },
 }
