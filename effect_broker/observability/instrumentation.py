@@ -121,8 +121,9 @@ def timed_attempt(
     """Time one call to the target and count how it ended.
 
     The caller may set ``["outcome"]`` (and ``["error_code"]``, the stable code of
-    an adapter error it caught, for the span's ``error.type``); otherwise a normal exit is ``succeeded`` and
-    an adapter error that escapes is classified here: retryable -> ``not_committed``,
+    an adapter error it caught, for the span's ``error.type``); otherwise a normal
+    exit is ``succeeded`` and an adapter error that escapes is classified here:
+    retryable -> ``not_committed``,
     terminal -> ``refused``, unknown -> ``unknown``, or ``refused`` when the call ran
     in a savepoint that was rolled back (``rolled_back``: a transactional target,
     where nothing of a failed call survives). Anything else is ``error``.
