@@ -18,6 +18,7 @@ from pydantic import ConfigDict
 from effect_broker.api.idempotency_key import (
     IDEMPOTENCY_KEY_PARAMETER,
     REPLAYED_HEADER,
+    SUBMIT_RESPONSE_HEADERS,
     operation_key,
     with_policy_link,
 )
@@ -173,7 +174,10 @@ class ReceiptOut(Schema):
     summary="Reserve an effect (202 new, 200 replay, 409 payload drift; 422 when the "
     "key came in Idempotency-Key)",
     auth=SubmitKeyAuth(),
-    openapi_extra={"parameters": [IDEMPOTENCY_KEY_PARAMETER]},
+    openapi_extra={
+        "parameters": [IDEMPOTENCY_KEY_PARAMETER],
+        "responses": SUBMIT_RESPONSE_HEADERS,
+    },
 )
 def submit_effect(request: HttpRequest, body: SubmitOneIn, response: HttpResponse) -> Any:
     key = operation_key(request, body.operation_key)

@@ -164,3 +164,22 @@ IDEMPOTENCY_KEY_PARAMETER = {
         "pattern": _HEADER_PATTERN,
     },
 }
+
+
+_LINK = {
+    "description": "Where the key policy is published (rel=describedby).",
+    "schema": {"type": "string"},
+}
+#: The submit's answer headers, for its OpenAPI responses.
+SUBMIT_RESPONSE_HEADERS = {
+    200: {
+        "headers": {
+            REPLAYED_HEADER: {
+                "description": "On every replay.",
+                "schema": {"type": "string", "enum": ["true"]},
+            },
+            "Link": _LINK,
+        }
+    },
+    202: {"headers": {"Link": _LINK}},
+}

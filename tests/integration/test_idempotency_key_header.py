@@ -235,3 +235,6 @@ def test_the_openapi_document_declares_the_header(client: Client) -> None:
     assert header["name"] == "Idempotency-Key"
     assert header["required"] is False
     assert header["schema"]["maxLength"] == 255
+    answers = operation["responses"]
+    assert answers["200"]["headers"]["Idempotent-Replayed"]["schema"]["enum"] == ["true"]
+    assert set(answers["202"]["headers"]) == {"Link"}
