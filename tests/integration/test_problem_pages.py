@@ -5,6 +5,7 @@ error reference, each saying what the code means and what to do."""
 from __future__ import annotations
 
 import html
+import re
 import sys
 from pathlib import Path
 
@@ -72,3 +73,17 @@ def test_the_docs_error_reference_has_an_anchor_and_remedy_per_code() -> None:
         assert f'<span id="{code}"></span>' in page
         assert f"## `{code}` (HTTP {status})" in page
         assert f"**What to do:** {remedy}" in page
+
+
+def test_every_code_literal_a_surface_answers_is_catalogued() -> None:
+    # A code written out at a call site rather than taken from an error class (the
+    # API's own handlers, /readyz, /metrics) must have its page too.
+    source = Path(__file__).resolve().parents[2] / "effect_broker"
+    call = re.compile(r"problem(?:_body)?\(\s*[\w.]+,\s*\"([a-z_]+)\"", re.S)
+    found = {
+        code
+        for path in source.rglob("*.py")
+        for code in call.findall(path.read_text(encoding="utf-8"))
+    }
+    assert {"internal_error", "http_error", "not_ready"} <= found
+    assert found <= set(catalogue())
