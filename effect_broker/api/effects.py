@@ -106,7 +106,7 @@ class SubmitOneIn(SubmitIn):
         description="The business operation's identity, the same on every retry; or "
         "send it in the Idempotency-Key header (then drift is 422, not 409). "
         "Printable characters only, no leading or trailing whitespace; neither, or "
-        "both with different keys: 400 invalid_request.",
+        "a header and a body that disagree: 400 invalid_request.",
     )
 
 

@@ -30,8 +30,8 @@ KEY_POLICY = (
     f"payload_conflict when the key came in {HEADER} (409 when it came in the body). "
     "A replay of an effect still being dispatched answers its current state at once; "
     "there is no 'still processing' refusal, because the request that reserved it "
-    "finished when the intent was recorded. A different key with the same arguments "
-    "is a second operation, never a conflict: two equal refunds may both be meant."
+    "finished when the intent was recorded. Two keys with the same arguments are "
+    "two operations, never a conflict: two equal refunds may both be meant."
 )
 
 _STYLE = (

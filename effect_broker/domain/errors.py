@@ -218,8 +218,8 @@ class SecretUnavailableError(EffectBrokerError):
     http_status = 500
     remedy = (
         "An operator provides the secret to the worker (its environment or "
-        "EFFECT_BROKER_SECRETS_DIR); the effect itself sent nothing and ended, so "
-        "submit the step again under a new operation key once the secret is there."
+        "EFFECT_BROKER_SECRETS_DIR). Nothing was sent; the effect ended and its "
+        "reason says which secret was missing."
     )
 
 
@@ -562,8 +562,9 @@ class TerminalAdapterError(AdapterError):
 
     code = "adapter_terminal"
     remedy = (
-        "The target refused the request for good; fix the cause (the arguments, the "
-        "account) and submit a new operation under a new key."
+        "The target refused the request for good and nothing happened there; read "
+        "the effect's reason and fix the cause (the arguments, the account). A "
+        "resend under the same key replays this refusal."
     )
 
 
