@@ -275,6 +275,11 @@ EFFECT_BROKER_ARGUMENT_LIMITS = {
 #: Most items one batch submit may carry (effect_broker.services.batch_submission;
 #: issue 13); a larger batch is refused whole (400 invalid_request, ``limit``).
 EFFECT_BROKER_MAX_BATCH_ITEMS = _positive_int("EFFECT_BROKER_MAX_BATCH_ITEMS", 100)
+# Where a problem's ``type`` points (issue 21): ``{base}{code}``. The default is the
+# page this broker serves itself, so the URI resolves against any running broker.
+EFFECT_BROKER_PROBLEM_BASE_URL = (
+    os.environ.get("EFFECT_BROKER_PROBLEM_BASE_URL", "").strip() or "/problems/"
+)
 #: Per-tenant submits per second in each API process (0 turns the limit off) and the
 #: burst a quiet tenant may spend at once (effect_broker.api.rate_limit; issue 12).
 EFFECT_BROKER_TENANT_SUBMIT_RATE = _non_negative(

@@ -167,6 +167,12 @@ MCP: tuple[ContractField, ...] = (
         "true",
     ),
     ContractField(
+        "destructive",
+        FLAG,
+        "The proxy tool's MCP destructiveHint; false for tools that only add.",
+        "true",
+    ),
+    ContractField(
         "description", {"type": "string"}, "The tool's description.", "the contract's"
     ),
     ContractField(

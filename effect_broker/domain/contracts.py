@@ -35,6 +35,8 @@ File format (``contracts.toml``)::
     [contract.mcp]                 # optional: the tool's face on the MCP server;
                                    #   without this table the tool is not listed
     expose = true                  # with the table: list and forward it (default)
+    destructive = true             # MCP destructiveHint; false for additive-only
+                                   #   tools (default true)
     description = "Charge a card once per order"   # default: the contract's
     # input_schema_file = "schemas/charge.json"  (relative to this file), or inline:
     [contract.mcp.input_schema]    # a JSON Schema of type "object"
@@ -174,6 +176,9 @@ class McpFace:
     description: str = ""
     #: The receipt result's JSON Schema ("" when the contract declares none).
     output_schema_json: str = ""
+    #: MCP's ``destructiveHint``: false only when the contract says the tool's effect
+    #: is additive (it may change nothing it did not create).
+    destructive: bool = True
 
     @property
     def input_schema(self) -> dict[str, Any]:
@@ -570,6 +575,9 @@ def _parse_mcp(raw: object, source: str) -> McpFace:
     expose = raw.get("expose", True)
     if not isinstance(expose, bool):
         raise ValueError("mcp.expose: must be true or false")
+    destructive = raw.get("destructive", True)
+    if not isinstance(destructive, bool):
+        raise ValueError("mcp.destructive: must be true or false")
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise ValueError("mcp.description: must be a string")
@@ -610,6 +618,7 @@ def _parse_mcp(raw: object, source: str) -> McpFace:
         expose=expose,
         description=description,
         output_schema_json=output_json,
+        destructive=destructive,
     )
 
 

@@ -169,13 +169,17 @@ def send_attempt(
                 # process. If the lease was taken over meanwhile, the fence refuses
                 # this write too.
                 failure: tuple[str, str] | None = ("retryable", str(exc))
+                attempt["error_code"] = exc.code
             except KeyReusedError as exc:
                 # Refused, but the key holds another request: an operator decides.
                 failure = ("key_reused", str(exc))
+                attempt["error_code"] = exc.code
             except TerminalAdapterError as exc:
                 failure = ("terminal", str(exc))
+                attempt["error_code"] = exc.code
             except OutcomeUnknownError as exc:
                 failure = ("unknown", str(exc))
+                attempt["error_code"] = exc.code
             else:
                 failure = None
             attempt["outcome"] = _ATTEMPT_OUTCOME[failure[0] if failure else "ok"]
