@@ -165,6 +165,11 @@ class RequestTimeoutError(EffectBrokerError):
 
     code = "request_timeout"
     http_status = 408
+    remedy = (
+        "The request body arrived too slowly (over EFFECT_BROKER_BODY_TIMEOUT in "
+        "total, or under EFFECT_BROKER_BODY_MIN_RATE); nothing was read or recorded "
+        "and the connection was closed. Resend the whole request on a new connection."
+    )
 
 
 class UnsupportedMediaTypeError(EffectBrokerError):
@@ -211,6 +216,12 @@ class OriginNotAllowedError(EffectBrokerError):
 
     code = "origin_not_allowed"
     http_status = 403
+    remedy = (
+        "A browser page from an origin the broker does not trust called /mcp. Call it "
+        "from a trusted origin, or have the operator add that origin to "
+        "EFFECT_BROKER_MCP_ALLOWED_ORIGINS; clients that send no Origin header are "
+        "not affected."
+    )
 
 
 class InvalidSecretRefError(EffectBrokerError):
@@ -231,6 +242,12 @@ class SecretRefNotDeclaredError(EffectBrokerError):
 
     code = "secret_ref_not_declared"
     http_status = 422
+    remedy = (
+        "The arguments name a secret reference the contract does not declare for your "
+        "tenant; nothing was recorded. Use a reference the contract lists in "
+        "`secrets` (or `tenant_secrets` for your tenant), or ask the operator to "
+        "declare it."
+    )
 
 
 class SecretUnavailableError(EffectBrokerError):
@@ -323,6 +340,12 @@ class ContractsUnavailableError(EffectBrokerError):
 
     code = "contracts_unavailable"
     http_status = 503
+    remedy = (
+        "The broker could not load its contracts file, so it accepts no effect; "
+        "nothing was recorded. Retry later. Operators: run `effect-broker contracts "
+        "validate` on the file the broker reads (its log names the problem), fix it, "
+        "and restart the API and the workers."
+    )
 
 
 class UnknownContractError(EffectBrokerError):
@@ -567,6 +590,12 @@ class DatabaseConflictError(EffectBrokerError):
 
     code = "database_conflict"
     http_status = 503
+    remedy = (
+        "PostgreSQL cancelled this write for a concurrent one (a deadlock or a "
+        "serialization failure); nothing was recorded. Resend the same request, with "
+        "the same operation key, after `Retry-After`: it reserves the effect or "
+        "replays it."
+    )
 
     #: The SQLSTATEs that mean "aborted for a concurrent transaction", by reason.
     SQLSTATES: ClassVar[dict[str, str]] = {
@@ -652,6 +681,12 @@ class KeyReusedError(TerminalAdapterError):
     """
 
     code = "key_reused"
+    remedy = (
+        "The target says this downstream key was already used with different "
+        "parameters, which no resend can change. The effect waits in manual_review: "
+        "an operator checks the target and resolves it. Do not resubmit under another "
+        "operation key."
+    )
 
 
 class OutcomeUnknownError(AdapterError):
