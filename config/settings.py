@@ -350,10 +350,17 @@ LOGGING = {
         "plain": {"()": "effect_broker.log_format.PlainFormatter"},
         "json": {"()": "effect_broker.log_format.JsonFormatter"},
     },
+    "filters": {
+        # The periodic sweep's start/end lines at DEBUG (issue 20: 80% of the log).
+        "routine_jobs": {"()": "effect_broker.log_format.RoutineJobsAtDebug"},
+    },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": EFFECT_BROKER_LOG_FORMAT,
+            # On the handler: a logger's own filters skip records its children
+            # (procrastinate.worker, procrastinate.periodic) propagate to it.
+            "filters": ["routine_jobs"],
         }
     },
     "loggers": {
