@@ -92,3 +92,29 @@ def test_the_checker_refuses_a_command_that_does_not_exist() -> None:
     ):
         with pytest.raises(AssertionError):
             check_line(bad)
+
+
+def test_ci_run_runs_the_readme_test_command_verbatim() -> None:
+    # The README promises that `.ci/run` runs its Quick start test command exactly.
+    quick_start = (ROOT / "README.md").read_text().split("## Quick start", 1)[1]
+    block = quick_start.split("```bash\n", 1)[1].split("```", 1)[0]
+    [command] = [line for line in block.splitlines() if line.endswith("/pytest")]
+    script = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert command in script
+    # And each pass ends with the slowest tests, so the next round sees where time goes.
+    assert 'export PYTEST_ADDOPTS="--durations=25"' in script
+
+
+def test_the_dev_extra_installs_what_would_otherwise_skip_tests() -> None:
+    # Tests that import an extra skip without it; CI installs only `.[dev]`, so a
+    # missing extra hides its tests in every run (the Stripe adapter's did).
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert {
+        "effect-broker[stripe]",
+        "effect-broker[runtimes]",
+        "effect-broker[demo-agent]",
+        "effect-broker[otel]",
+    } <= set(extras["dev"])
+    assert any(line.startswith("pytest-xdist") for line in extras["dev"])
