@@ -7,6 +7,7 @@ name, and every `run:` line calls a command, path or option this project has.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -118,3 +119,19 @@ def test_the_dev_extra_installs_what_would_otherwise_skip_tests() -> None:
         "effect-broker[otel]",
     } <= set(extras["dev"])
     assert any(line.startswith("pytest-xdist") for line in extras["dev"])
+
+
+def test_the_readme_skip_count_is_the_sum_of_its_reasons() -> None:
+    # README "Tests" counts what a run skips and breaks it down by reason; the parts
+    # must add up to the count (recount from the `SKIPPED [n]` lines of `pytest -ra`).
+    text = " ".join((ROOT / "README.md").read_text().split("## Tests", 1)[1].split())
+    match = re.search(
+        r"What it skips otherwise \((\d+)\), and why: (\d+) adapter-conformance checks"
+        r" (.*?) the live Stripe test .*? and the two live model tests",
+        text,
+    )
+    assert match, "README 'Tests' no longer states its skip count and reasons"
+    total, conformance, reasons = int(match[1]), int(match[2]), match[3]
+    per_reason = [int(n) for n in re.findall(r"\((\d+)\)", reasons)]
+    assert sum(per_reason) == conformance, per_reason
+    assert total == conformance + 1 + 2  # + the live Stripe test + two live models
