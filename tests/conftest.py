@@ -6,6 +6,7 @@ EFFECT_BROKER_TEST_DB=docker for testcontainers, otherwise the embedded server.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -102,6 +103,37 @@ def pytest_collection_modifyitems(
     # sort: pytest-django's order (database tests, then transactional ones, then the
     # rest) holds among all other tests.
     items.sort(key=lambda item: xdist_group_of(item.nodeid) != FIRST)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's test database, which it drops at the end of the session.
+
+    Under xdist a worker's last test may have just stopped a server or worker process
+    whose backend is still exiting, and ``DROP DATABASE`` refuses while any session
+    is open: give those backends a few seconds, then end the stragglers.
+    """
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        others = (
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        try:
+            with connection.cursor() as cur:
+                deadline = time.monotonic() + 10
+                cur.execute(others)
+                while cur.fetchone()[0] and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    cur.execute(others)
+                cur.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+        finally:
+            connection.close()
 
 
 @pytest.fixture
