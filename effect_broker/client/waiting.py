@@ -93,8 +93,8 @@ def failed_text(effect: Effect) -> str:
             "operator's decision while an attempt may have reached the target "
             "unanswered: nothing proved that it did not take effect. It will not be "
             "sent again. Check the target (and the effect's history for the "
-            "operator's reason) before doing this again under another operation key: "
-            "that could do it twice."
+            "operator's reason) before you repeat the operation: if it did take "
+            "effect, a repeat does it twice."
         )
     return (
         f"effect {effect.effect_id} ({effect.tool}) ended failed_final: no attempt "

@@ -75,7 +75,7 @@ def test_an_operator_giving_up_without_evidence_is_not_called_proof(bench: Bench
     assert PROOF not in text
     assert "by an operator's decision" in text
     assert "nothing proved that it did not take effect" in text
-    assert "before doing this again under another operation key" in text
+    assert "before you repeat the operation: if it did take effect, a repeat" in text
     assert error.effect.outcome_in_doubt is True
     # and so do the HTTP wire and the MCP proxy's answer
     assert json.loads(json.dumps(effect_out(failed), default=str))["outcome_in_doubt"]
