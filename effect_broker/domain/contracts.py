@@ -26,6 +26,8 @@ File format (``contracts.toml``)::
     adapter = "http"               # default "simulated"
     preview_fields = ["amount", "currency"]   # arguments shown unredacted
     active = true                  # at most one active contract per tool; default true
+    sandbox = false                # true: the target is a sandbox, so `contracts
+                                   #   conform` may send it requests; default false
     description = "Charge a card"  # optional
     [contract.adapter_options]     # optional table, passed to the adapter as is
     url = "http://127.0.0.1:8081/charges"
@@ -209,6 +211,9 @@ class EffectContract:
     mcp: McpFace | None = None
     #: The upstream MCP server and tool (``adapter = "mcp"`` only).
     upstream: McpUpstream | None = None
+    #: The target is a sandbox: ``contracts conform`` may send it real requests
+    #: without ``--yes-send-requests`` (issue 22, item 1).
+    sandbox: bool = False
 
     def __post_init__(self) -> None:
         # Contracts built in code get the same invariants as contracts from a file;
@@ -265,6 +270,8 @@ class EffectContract:
             self._fail("active", "must be true or false")
         if not isinstance(self.description, str):
             self._fail("description", "must be a string")
+        if not isinstance(self.sandbox, bool):
+            self._fail("sandbox", "must be true or false")
         if self.mcp is not None and not isinstance(self.mcp, McpFace):
             self._fail("mcp", "must be an McpFace")
         self._check_upstream()
@@ -432,6 +439,7 @@ _FIELDS = (
     "description",
     "mcp",
     "upstream",
+    "sandbox",
 )
 _MCP_FIELDS = (
     "expose",

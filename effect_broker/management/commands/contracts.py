@@ -1,4 +1,5 @@
-"""``effect-broker contracts validate [FILE] [--probe] [--json]``."""
+"""``effect-broker contracts validate [FILE] [--probe] [--json]`` and
+``effect-broker contracts conform CONTRACT[@VERSION] [--file FILE] [--json] ...``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from effect_broker.management.conform import add_conform_parser, run_conform
 from effect_broker.management.tables import render_table, to_json
 from effect_broker.services.contract_check import probe_targets, validate_file
 
@@ -38,8 +40,12 @@ class Command(BaseCommand):
             help="also check that each target answers (bounded; sends no effect)",
         )
         validate.add_argument("--json", action="store_true", help="print JSON")
+        add_conform_parser(sub)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] == "conform":
+            run_conform(self, options)
+            return
         path = options["file"] or settings.EFFECT_BROKER_CONTRACTS
         report = validate_file(path)
         if options["probe"]:

@@ -277,7 +277,7 @@ RULES = [
         "contract 'p.x' v1: field 'retry_limt': unknown key; did you mean "
         "'retry_limit'? (allowed: active, adapter, adapter_options, attempt_timeout, "
         "backoff_initial, backoff_max, description, key_retention, mcp, name, "
-        "preview_fields, retry_limit, safety, settlement_bound, tool, "
+        "preview_fields, retry_limit, safety, sandbox, settlement_bound, tool, "
         "unknown_alert_after, upstream, version)",
         id="unknown key",
     ),
