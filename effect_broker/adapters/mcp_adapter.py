@@ -65,6 +65,7 @@ from effect_broker.adapters.base import (
     ProbeRequest,
     ProbeResult,
 )
+from effect_broker.adapters.mcp_answers import ReadAnswer, read_answer
 from effect_broker.domain.canonical import parse_json_strict
 from effect_broker.domain.contracts import EffectContract
 from effect_broker.domain.errors import (
@@ -77,7 +78,7 @@ from effect_broker.domain.errors import (
     TerminalAdapterError,
 )
 from effect_broker.domain.states import ProbeStatus
-from effect_broker.domain.upstream import McpUpstream
+from effect_broker.domain.upstream import AnswerReading, McpUpstream
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -336,6 +337,11 @@ class McpAdapter(EffectAdapter):
         self, request: DispatchRequest, result: types.CallToolResult
     ) -> DispatchResult:
         upstream = self.upstream
+        if upstream.answer is not None:
+            read = read_answer(result, upstream.answer, upstream.external_id_field)
+            decided = self._by_reading(request, result, read)
+            if decided is not None:
+                return decided
         document = result_document(result)
         if result.is_error:
             code = document.get(upstream.error_field) if document else None
@@ -374,6 +380,47 @@ class McpAdapter(EffectAdapter):
         )
         return DispatchResult(external_id=external_id, output=document)
 
+    def _by_reading(
+        self, request: DispatchRequest, result: types.CallToolResult, read: ReadAnswer
+    ) -> DispatchResult | None:
+        """Decide by ``[contract.upstream.answer]``; None: the code lists decide (an
+        ``isError`` answer whose value means nothing listed)."""
+        details: dict[str, object] = {"adapter": self.name, "upstream_answer": read.value}
+        if read.meaning in ("committed", "already_done") or (
+            read.meaning == "other" and not result.is_error
+        ):
+            self._log(request, f"answer:{read.meaning}")
+            output: dict[str, object] = dict(read.evidence)
+            if read.meaning == "already_done":
+                # The key already took effect: the earlier attempt committed. The
+                # answer is the evidence, kept with the receipt.
+                output["already_done"] = read.value
+            document = read.evidence.get("document")
+            if isinstance(document, dict) and read.meaning != "already_done":
+                output = dict(document)
+            return DispatchResult(external_id=read.external_id, output=output)
+        if read.meaning == "not_committed":
+            self._log(request, "answer:not_committed")
+            raise RetryableAdapterError(
+                f"the upstream answered {read.value!r}, documented as not committed",
+                **details,
+            )
+        if read.meaning == "failed":
+            self._log(request, "answer:failed")
+            raise TerminalAdapterError(
+                f"the upstream recorded the call as failed ({read.value!r})",
+                external_id=read.external_id,
+                **details,
+            )
+        if read.meaning == "unread" and not result.is_error:
+            self._log(request, "answer:unread")
+            raise OutcomeUnknownError(
+                "the upstream's answer does not carry the value "
+                "[contract.upstream.answer] reads; the outcome is unknown",
+                **details,
+            )
+        return None
+
     # --- lookup ------------------------------------------------------------------
 
     def _lookup(self, request: ProbeRequest) -> ProbeResult:
@@ -395,6 +442,8 @@ class McpAdapter(EffectAdapter):
         checked_at = datetime.now(UTC)
         result = run_async(self._lookup_call, {upstream.lookup_key_argument: key})
         evidence: dict[str, object] = {"checked_at": checked_at.isoformat()}
+        if upstream.lookup_answer is not None:
+            return self._lookup_by_reading(result, upstream.lookup_answer, evidence)
         document = result_document(result)
         if result.is_error or document is None:
             evidence["upstream_error"] = (
@@ -414,6 +463,28 @@ class McpAdapter(EffectAdapter):
             output=document,
             evidence=evidence,
         )
+
+    def _lookup_by_reading(
+        self,
+        result: types.CallToolResult,
+        reading: AnswerReading,
+        evidence: dict[str, object],
+    ) -> ProbeResult:
+        read = read_answer(result, reading, self.upstream.external_id_field)
+        evidence.update(read.evidence)
+        evidence["read"] = read.value
+        if read.meaning == "committed":
+            document = read.evidence.get("document")
+            return ProbeResult(
+                status=ProbeStatus.COMMITTED,
+                external_id=read.external_id,
+                output=dict(document) if isinstance(document, dict) else read.evidence,
+                evidence=evidence,
+            )
+        if read.meaning == "not_committed":
+            return ProbeResult(status=ProbeStatus.NOT_COMMITTED, evidence=evidence)
+        evidence["reason"] = "the lookup's answer proves neither way"
+        return ProbeResult(status=ProbeStatus.UNKNOWN, evidence=evidence)
 
     async def _lookup_call(self, arguments: dict[str, Any]) -> types.CallToolResult:
         upstream = self.upstream

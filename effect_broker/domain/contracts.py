@@ -28,6 +28,10 @@ File format (``contracts.toml``)::
     active = true                  # at most one active contract per tool; default true
     sandbox = false                # true: the target is a sandbox, so `contracts
                                    #   conform` may send it requests; default false
+    key_template = "eb-{key}"      # how the key is sent, for an upstream whose key is
+                                   #   a name; default "{key}"
+    key_alphabet = "hex"           # "base64url" (default) | "hex": 64 lowercase hex
+                                   #   digits, never starting with "-"
     description = "Charge a card"  # optional
     [contract.adapter_options]     # optional table, passed to the adapter as is
     url = "http://127.0.0.1:8081/charges"
@@ -113,6 +117,7 @@ from typing import Any, NoReturn
 import jsonschema
 
 from effect_broker.domain.errors import ContractError, UnknownContractError
+from effect_broker.domain.keys import KEY_ALPHABETS, spell_key
 from effect_broker.domain.states import SafetyClass
 from effect_broker.domain.upstream import (
     McpUpstream,
@@ -214,6 +219,10 @@ class EffectContract:
     #: The target is a sandbox: ``contracts conform`` may send it real requests
     #: without ``--yes-send-requests`` (issue 22, item 1).
     sandbox: bool = False
+    #: How the downstream key is written to the target: ``{key}`` replaced by the key
+    #: spelled in ``key_alphabet`` (issue 22, item 3: upstreams whose key is a name).
+    key_template: str = "{key}"
+    key_alphabet: str = "base64url"
 
     def __post_init__(self) -> None:
         # Contracts built in code get the same invariants as contracts from a file;
@@ -272,9 +281,31 @@ class EffectContract:
             self._fail("description", "must be a string")
         if not isinstance(self.sandbox, bool):
             self._fail("sandbox", "must be true or false")
+        self._check_key_spelling()
         if self.mcp is not None and not isinstance(self.mcp, McpFace):
             self._fail("mcp", "must be an McpFace")
         self._check_upstream()
+
+    def _check_key_spelling(self) -> None:
+        if self.key_alphabet not in KEY_ALPHABETS:
+            self._fail("key_alphabet", f"must be one of {', '.join(KEY_ALPHABETS)}")
+        template = self.key_template
+        if not isinstance(template, str) or template.count("{key}") != 1:
+            self._fail("key_template", 'must contain "{key}" exactly once')
+        rest = template.replace("{key}", "")
+        if "{" in rest or "}" in rest:
+            self._fail("key_template", 'may hold no braces other than "{key}"')
+        if template.startswith("-"):
+            # An upstream whose key is a name may read "-..." as an option.
+            self._fail("key_template", "must not start with '-'")
+        if len(rest) > 136:
+            self._fail("key_template", "makes keys longer than 200 characters")
+
+    def upstream_key(self, downstream_key: str) -> str:
+        """The downstream key as this contract writes it to the target."""
+        return self.key_template.replace(
+            "{key}", spell_key(downstream_key, self.key_alphabet)
+        )
 
     def _check_upstream(self) -> None:
         # Guarantee vocabulary for the mcp adapter: the class follows what the
@@ -440,6 +471,8 @@ _FIELDS = (
     "mcp",
     "upstream",
     "sandbox",
+    "key_template",
+    "key_alphabet",
 )
 _MCP_FIELDS = (
     "expose",
@@ -490,7 +523,15 @@ def _parse_one(raw: object, index: int, source: str) -> EffectContract:
     for required in ("name", "version", "safety"):
         if required not in table:
             raise error("is required", required, label, version)
-    for text_field in ("name", "version", "tool", "adapter", "description"):
+    for text_field in (
+        "name",
+        "version",
+        "tool",
+        "adapter",
+        "description",
+        "key_template",
+        "key_alphabet",
+    ):
         if text_field in table and not isinstance(table[text_field], str):
             hint = ' (write version = "1")' if text_field == "version" else ""
             raise error(f"must be a string{hint}", text_field, label, version)

@@ -276,7 +276,8 @@ RULES = [
         _one(MINIMAL + "retry_limt = 5\n"),
         "contract 'p.x' v1: field 'retry_limt': unknown key; did you mean "
         "'retry_limit'? (allowed: active, adapter, adapter_options, attempt_timeout, "
-        "backoff_initial, backoff_max, description, key_retention, mcp, name, "
+        "backoff_initial, backoff_max, description, key_alphabet, key_retention, "
+        "key_template, mcp, name, "
         "preview_fields, retry_limit, safety, sandbox, settlement_bound, tool, "
         "unknown_alert_after, upstream, version)",
         id="unknown key",
