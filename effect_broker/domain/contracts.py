@@ -77,10 +77,11 @@ An upstream MCP server (``adapter = "mcp"``; issue 10, item 4) is named in
     connect_timeout = "10s"        # start + initialize, before tools/call is written
     timeout = "10s"                # the tools/call answer
 
-The safety class follows what the upstream tool can prove, checked here: unsafe by
-default; idempotent only with ``key_argument``; reconcilable only with ``lookup_tool``
-(and ``settlement_bound``); never transactional. A read-only upstream tool can be
-mirrored on the broker's MCP server with no ledger, as a top-level table::
+The safety class follows what the upstream tool can prove, checked here. It is
+required, as for every contract (no class is assumed; write ``unsafe`` for a tool
+that proves nothing); idempotent only with ``key_argument``; reconcilable only with
+``lookup_tool`` (and ``settlement_bound``); never transactional. A read-only upstream
+tool can be mirrored on the broker's MCP server with no ledger, as a top-level table::
 
     [[passthrough]]
     tool = "charge_stats"          # the name listed (and, by default, the upstream's)

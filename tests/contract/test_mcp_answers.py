@@ -326,3 +326,16 @@ def test_the_template_is_what_every_attempt_and_lookup_sends() -> None:
     lookup = ProbeRequest(effect=record, arguments={}, contract=contract)
     expected = "eb-" + spell_key(record.downstream_key, "hex")
     assert request.downstream_key == lookup.downstream_key == expected
+
+
+def test_the_readme_example_of_reading_text_answers_loads_as_written() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    after = readme.split("An upstream\nwhose key is a name, with both:", 1)[1]
+    snippet = after.split("```toml\n", 1)[1].split("```", 1)[0]
+    contract = next(iter(parse_contracts(snippet)))
+    upstream = contract.upstream
+    assert upstream is not None
+    assert upstream.answer is not None
+    assert upstream.answer.already_done == ("already exists",)
+    assert upstream.lookup_answer is not None
+    assert contract.upstream_key("A" * 43).startswith("eb-000000")
