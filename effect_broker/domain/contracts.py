@@ -365,6 +365,18 @@ class EffectContract:
             return self.backoff_max
         return self.backoff_initial * 2**exponent
 
+    def lookup_backoff(self, waited: timedelta, jitter: float) -> timedelta:
+        """The delay before the next lookup after an inconclusive one (issue 22,
+        item 4): as long as the lookups have waited already (``waited``, since the
+        settlement deadline), so successive delays grow geometrically, at least
+        ``backoff_initial`` and at most ``backoff_max``; then "equal jitter": half of
+        it, plus ``jitter`` (in [0, 1)) times the other half, so workers that lost
+        many answers at once do not look them all up in the same instant."""
+        if not 0.0 <= jitter < 1.0:
+            raise ValueError(f"jitter must be in [0, 1), got {jitter}")
+        base = min(self.backoff_max, max(self.backoff_initial, waited))
+        return base / 2 + base / 2 * jitter
+
 
 class ContractRegistry:
     """The loaded contracts: the active one per tool, and every version by name."""
