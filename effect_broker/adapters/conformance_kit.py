@@ -163,6 +163,22 @@ def _document(answer: Answer) -> dict[str, Any] | None:
     return document if isinstance(document, dict) else None
 
 
+def _calls_tool(method: str, body: bytes, tool: str) -> bool:
+    """True for a JSON-RPC ``tools/call`` of ``tool`` (an MCP streamable HTTP POST)."""
+    if method != "POST":
+        return False
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return False
+    return (
+        isinstance(message, dict)
+        and message.get("method") == "tools/call"
+        and isinstance(message.get("params"), dict)
+        and message["params"].get("name") == tool
+    )
+
+
 class ConformanceKit:
     """Runs the checks of one contract's class against its target, through proxies."""
 
@@ -304,19 +320,13 @@ class ConformanceKit:
         if self.contract.adapter == "http":
             wanted = str(self.contract.adapter_options.get("method", "POST")).upper()
             return method == wanted and method != "GET"
-        if method != "POST":
-            return False
-        try:
-            message = json.loads(body)
-        except ValueError:
-            return False
         assert self.contract.upstream is not None
-        return (
-            isinstance(message, dict)
-            and message.get("method") == "tools/call"
-            and isinstance(message.get("params"), dict)
-            and message["params"].get("name") == self.contract.upstream.tool
-        )
+        return _calls_tool(method, body, self.contract.upstream.tool)
+
+    def _is_lookup(self, method: str, path: str, body: bytes) -> bool:
+        assert self.contract.upstream is not None
+        lookup = self.contract.upstream.lookup_tool
+        return lookup is not None and _calls_tool(method, body, lookup)
 
     @contextmanager
     def _proxied(self) -> Iterator[EffectAdapter]:
@@ -326,7 +336,13 @@ class ConformanceKit:
                 origin = origin_of(url)
                 if origin not in by_origin:
                     by_origin[origin] = stack.enter_context(
-                        FaultProxy(origin, self._is_effect)
+                        FaultProxy(
+                            origin,
+                            self._is_effect,
+                            is_lookup=self._is_lookup
+                            if self.contract.adapter == "mcp"
+                            else None,
+                        )
                     )
             self.proxies = list(by_origin.values())
             first = self._urls()[0]

@@ -90,12 +90,16 @@ class FaultProxy:
         origin: str,
         is_effect: EffectPredicate,
         *,
+        is_lookup: EffectPredicate | None = None,
         timeout: float = 30.0,
     ) -> None:
         self.origin = origin.rstrip("/")
         self.is_effect = is_effect
+        self.is_lookup = is_lookup
         self.exchanges: list[Exchange] = []
-        #: Requests forwarded to the target that were not effect requests (lookups).
+        #: Lookups forwarded to the target (every request that is not an effect
+        #: request, unless ``is_lookup`` says which are: an MCP session's handshake
+        #: and listing are not lookups).
         self.other_requests = 0
         self._armed: list[tuple[Fault, float]] = []
         self._lock = threading.Lock()
@@ -220,7 +224,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         headers["Accept-Encoding"] = "identity"
         target = owner.origin + self.path
         if not owner.is_effect(self.command, self.path, body):
-            owner._count_other()
+            if owner.is_lookup is None or owner.is_lookup(self.command, self.path, body):
+                owner._count_other()
             self._stream(target, headers, body)
             return
         fault, hold = owner._take()

@@ -9,17 +9,24 @@ target that commits and then answers an error.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from effect_broker.adapters.conformance_kit import ConformanceKit, KitRow, rows_passed
-from effect_broker.domain.contracts import EffectContract
+from effect_broker.domain.contracts import EffectContract, parse_contracts
 from effect_broker.domain.states import SafetyClass
 from examples.crash_matrix.target_client import TargetProcess
+from examples.mcp_upstream.contracts import MCP_TOOLS, mcp_contracts_toml
 
 pytestmark = pytest.mark.django_db
 ARGUMENTS = {"order": "42", "amount_minor": 1999, "currency": "EUR"}
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def http_contract(
@@ -166,3 +173,62 @@ def test_a_target_that_commits_then_answers_an_error_fails(
     )
     # And the charges were made all the same: the error came after the commit
     assert target.count_charges("reconcilable") == 3
+
+
+# --- an MCP server over streamable HTTP -------------------------------------------------
+
+
+@pytest.fixture
+def http_payments(target: TargetProcess, tmp_path: Path) -> Iterator[str]:
+    """The example payments MCP server over streamable HTTP, charging via ``target``."""
+    port_file = tmp_path / "port"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "examples.mcp_upstream.payments_server",
+            "--target",
+            target.url,
+            "--transport",
+            "http",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+        ],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            assert process.poll() is None, "the payments server exited"
+            assert time.monotonic() < deadline, "the payments server did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{int(port_file.read_text())}/mcp"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.mark.parametrize("safety", list(EXPECTED), ids=lambda s: s.value)
+def test_an_mcp_server_over_http_passes_every_class(
+    target: TargetProcess, http_payments: str, safety: SafetyClass
+) -> None:
+    # Given the payments MCP server over streamable HTTP and its example contracts
+    registry = parse_contracts(
+        mcp_contracts_toml(target.url, settlement_bound="1s", url=http_payments)
+    )
+    contract = registry.for_tool(MCP_TOOLS[safety.value])
+    run = kit(contract)
+    plan = run.plan()
+    # When the kit runs, its proxy in front of the MCP endpoint
+    rows = run.run()
+    # Then every check that applies passes, read in the tools' answers
+    assert {r.check: r.outcome for r in rows} == EXPECTED[safety], rows
+    assert run.effect_requests_forwarded() == plan.effect_requests
+    assert target.stats()["requests"] == plan.effect_requests
+    assert run.lookups_forwarded() <= plan.lookups
+    if safety is SafetyClass.IDEMPOTENT:
+        evidence = by_check(rows)["same_key_one_effect"].evidence
+        assert evidence.startswith("3 requests under one key made 1 effect (ch_")
