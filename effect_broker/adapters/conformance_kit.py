@@ -2,9 +2,10 @@
 
 ``effect-broker contracts conform CONTRACT[@VERSION]`` builds the contract's real
 adapter, as written, but points it at a ``FaultProxy`` (fault_proxy.py) in front of
-the target. The target is not asked to cooperate: every check reads the promise of the
-contract's safety class in the target's *own answers* - the answers the proxy saw,
-including the ones it lost on purpose, and the target's lookup.
+the target (an http target, an MCP server over HTTP), or starts a stdio MCP server
+behind ``stdio_fault_wrapper.py``. The target is not asked to cooperate: every check
+reads the promise of the contract's safety class in the target's *own answers* - the
+answers the proxy saw, including the ones it lost on purpose, and the target's lookup.
 
 Checks (one row each; ``pass``, ``FAIL`` or ``n/a`` with the evidence):
 
@@ -31,12 +32,14 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 from effect_broker.adapters.base import (
@@ -48,6 +51,7 @@ from effect_broker.adapters.base import (
 )
 from effect_broker.adapters.conformance import make_effect_record
 from effect_broker.adapters.fault_proxy import Answer, Exchange, FaultProxy, origin_of
+from effect_broker.adapters.stdio_fault_wrapper import StdioFaults
 from effect_broker.domain.canonical import parse_json_strict
 from effect_broker.domain.contracts import EffectContract
 from effect_broker.domain.errors import (
@@ -197,13 +201,9 @@ class ConformanceKit:
                 "no target to put a proxy in front of",
                 contract=contract.name,
             )
-        if contract.adapter == "mcp" and (
-            contract.upstream is None or contract.upstream.url is None
-        ):
+        if contract.adapter == "mcp" and contract.upstream is None:
             raise ConfigurationError(
-                "conform puts its proxy in front of an MCP server over HTTP (url); a "
-                "stdio upstream (command) is not supported yet",
-                contract=contract.name,
+                'adapter = "mcp" needs [contract.upstream]', contract=contract.name
             )
         if attempt_limit <= 0:
             raise ConfigurationError("the attempt limit must be positive")
@@ -224,8 +224,8 @@ class ConformanceKit:
 
         self._factory = adapter_factory
         self.adapter: EffectAdapter | None = None
-        self.proxies: list[FaultProxy] = []
-        self._effect_proxy: FaultProxy | None = None
+        self.proxies: list[FaultProxy | StdioFaults] = []
+        self._effect_proxy: FaultProxy | StdioFaults | None = None
 
     # --- what the run will do ----------------------------------------------------------
 
@@ -237,8 +237,20 @@ class ConformanceKit:
         return bool(self.contract.adapter_options.get("probe_url"))
 
     @property
+    def stdio(self) -> bool:
+        """True for an MCP server over stdio (faults by a wrapper, not a proxy)."""
+        upstream = self.contract.upstream
+        return (
+            self.contract.adapter == "mcp" and upstream is not None and not upstream.url
+        )
+
+    @property
     def target(self) -> str:
-        """The target's origin (never a path: it may carry a key or a token)."""
+        """The target's origin (never a path: it may carry a key or a token), or a
+        stdio server's command."""
+        if self.stdio:
+            assert self.contract.upstream is not None
+            return f"the stdio server {self.contract.upstream.where!r}"
         return origin_of(self._urls()[0])
 
     def _settlement(self) -> timedelta:
@@ -329,7 +341,30 @@ class ConformanceKit:
         return lookup is not None and _calls_tool(method, body, lookup)
 
     @contextmanager
+    def _wrapped(self) -> Iterator[EffectAdapter]:
+        upstream = self.contract.upstream
+        assert upstream is not None
+        with tempfile.TemporaryDirectory(prefix="eb-conform-") as control:
+            faults = StdioFaults(Path(control))
+            self.proxies = [faults]
+            self._effect_proxy = faults
+            command = faults.wrap(upstream.command, upstream.tool, upstream.lookup_tool)
+            contract = replace(self.contract, upstream=replace(upstream, command=command))
+            adapter = self._factory(contract)
+            try:
+                yield adapter
+            finally:
+                close = getattr(adapter, "close", None)
+                if callable(close):
+                    close()
+                faults.freeze()
+
+    @contextmanager
     def _proxied(self) -> Iterator[EffectAdapter]:
+        if self.stdio:
+            with self._wrapped() as adapter:
+                yield adapter
+            return
         with ExitStack() as stack:
             by_origin: dict[str, FaultProxy] = {}
             for url in self._urls():
@@ -403,7 +438,7 @@ class ConformanceKit:
     # --- helpers -----------------------------------------------------------------------
 
     @property
-    def _proxy(self) -> FaultProxy:
+    def _proxy(self) -> FaultProxy | StdioFaults:
         assert self._effect_proxy is not None
         return self._effect_proxy
 

@@ -62,9 +62,11 @@ def add_conform_parser(sub: Any) -> None:
     conform.add_argument(
         "--attempt-limit",
         type=float,
-        default=2.0,
+        default=None,
         metavar="SECONDS",
-        help="the attempt's time limit; the slow answer comes 1s after it (default 2)",
+        help="the attempt's time limit; the slow answer comes 1s after it (default: "
+        "the contract's attempt_timeout, else 10 for a stdio MCP server, which "
+        "starts inside the attempt, else 2)",
     )
     conform.add_argument(
         "--yes-send-requests",
@@ -104,6 +106,17 @@ def find_contract(path: str, spec: str) -> EffectContract:
     return active[0]
 
 
+def default_attempt_limit(contract: EffectContract) -> float:
+    """The contract's ``attempt_timeout``, else 10s for a stdio MCP server (it starts
+    inside each attempt), else 2s."""
+    if contract.attempt_timeout is not None:
+        return contract.attempt_timeout.total_seconds()
+    upstream = contract.upstream
+    if contract.adapter == "mcp" and upstream is not None and upstream.url is None:
+        return 10.0
+    return 2.0
+
+
 def run_conform(command: BaseCommand, options: dict[str, Any]) -> None:
     """Plan, refuse or run, print, store; exit 1 on any FAIL."""
     from effect_broker.adapters.conformance_kit import ConformanceKit, rows_passed
@@ -121,7 +134,7 @@ def run_conform(command: BaseCommand, options: dict[str, Any]) -> None:
             contract,
             arguments=arguments,
             drift_arguments=drift,
-            attempt_limit=options["attempt_limit"],
+            attempt_limit=options["attempt_limit"] or default_attempt_limit(contract),
         )
         plan = kit.plan()
     except (ConfigurationError, ContractError) as exc:
@@ -197,4 +210,10 @@ def _store(command: BaseCommand, plan: Any, rows: Any, sent: int) -> str | None:
         return None
 
 
-__all__ = ["CONFORM_HELP", "add_conform_parser", "find_contract", "run_conform"]
+__all__ = [
+    "CONFORM_HELP",
+    "add_conform_parser",
+    "default_attempt_limit",
+    "find_contract",
+    "run_conform",
+]

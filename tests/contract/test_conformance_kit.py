@@ -27,6 +27,8 @@ from examples.mcp_upstream.contracts import MCP_TOOLS, mcp_contracts_toml
 pytestmark = pytest.mark.django_db
 ARGUMENTS = {"order": "42", "amount_minor": 1999, "currency": "EUR"}
 ROOT = Path(__file__).resolve().parents[2]
+#: Seconds: a stdio server (and the kit's wrapper) starts inside each attempt.
+STDIO_LIMIT = 5.0
 
 
 def http_contract(
@@ -60,8 +62,8 @@ def http_contract(
     )
 
 
-def kit(contract: EffectContract) -> ConformanceKit:
-    return ConformanceKit(contract, arguments=ARGUMENTS, attempt_limit=1.0)
+def kit(contract: EffectContract, attempt_limit: float = 1.0) -> ConformanceKit:
+    return ConformanceKit(contract, arguments=ARGUMENTS, attempt_limit=attempt_limit)
 
 
 def by_check(rows: list[KitRow]) -> dict[str, KitRow]:
@@ -232,3 +234,27 @@ def test_an_mcp_server_over_http_passes_every_class(
     if safety is SafetyClass.IDEMPOTENT:
         evidence = by_check(rows)["same_key_one_effect"].evidence
         assert evidence.startswith("3 requests under one key made 1 effect (ch_")
+
+
+# Two classes only: each attempt starts the server (~1s here); the unsafe class and a
+# key-ignoring tool add nothing the HTTP cases above do not show.
+@pytest.mark.parametrize(
+    "safety", [SafetyClass.IDEMPOTENT, SafetyClass.RECONCILABLE], ids=lambda s: s.value
+)
+def test_a_stdio_mcp_server_passes_behind_the_wrapper(
+    target: TargetProcess, safety: SafetyClass
+) -> None:
+    # Given the payments MCP server over stdio (started through the kit's wrapper)
+    registry = parse_contracts(mcp_contracts_toml(target.url, settlement_bound="1s"))
+    contract = registry.for_tool(MCP_TOOLS[safety.value])
+    # (the attempt's limit covers starting the server: it starts inside the attempt)
+    run = kit(contract, attempt_limit=STDIO_LIMIT)
+    plan = run.plan()
+    assert plan.target.startswith("the stdio server ")
+    # When the kit runs
+    rows = run.run()
+    # Then every check that applies passes, read in the tools' answers
+    assert {r.check: r.outcome for r in rows} == EXPECTED[safety], rows
+    assert run.effect_requests_forwarded() == plan.effect_requests
+    assert target.stats()["requests"] == plan.effect_requests
+    assert run.lookups_forwarded() <= plan.lookups
