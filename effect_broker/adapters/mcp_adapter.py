@@ -1,8 +1,10 @@
 """The ``mcp`` adapter: the broker in front of an existing MCP server (issue 10, item 4).
 
-Each attempt opens one session with the upstream server through the official MCP
+Each attempt uses one session with the upstream server through the official MCP
 client (``stdio_client`` or ``streamable_http_client`` + ``ClientSession``) and writes
-exactly one ``tools/call``. The MCP client has no resend of a request: a timeout ends
+exactly one ``tools/call``: a new session per attempt over HTTP; over stdio one kept
+process per worker, pinged before each use and restarted when it died or lost an
+answer (mcp_sessions.py). The MCP client has no resend of a request: a timeout ends
 the wait and nothing is sent again (the streamable HTTP transport's only reconnection
 is a GET that resumes an answer stream, never a second POST). The broker, not the
 client, decides what happens next, by the one question that matters (spec "State
@@ -47,7 +49,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -66,6 +68,7 @@ from effect_broker.adapters.base import (
     ProbeResult,
 )
 from effect_broker.adapters.mcp_answers import ReadAnswer, read_answer
+from effect_broker.adapters.mcp_sessions import StdioSessions
 from effect_broker.domain.canonical import parse_json_strict
 from effect_broker.domain.contracts import EffectContract
 from effect_broker.domain.errors import (
@@ -196,6 +199,26 @@ class McpAdapter(EffectAdapter):
                 'adapter = "mcp" needs [contract.upstream]', contract=contract.name
             )
         self.upstream: McpUpstream = contract.upstream
+        # A stdio server is kept between attempts and lookups, one process per
+        # worker, restarted when it dies (mcp_sessions.py; issue 22, item 4).
+        self._sessions = (
+            StdioSessions(self.upstream) if self.upstream.url is None else None
+        )
+
+    def close(self) -> None:
+        """Stop the kept stdio server, if any."""
+        if self._sessions is not None:
+            self._sessions.close()
+
+    def _run(self, fn: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+        if self._sessions is not None:
+            return self._sessions.run(lambda: fn(*args))
+        return run_async(fn, *args)
+
+    def _open(self, connect_timeout: float) -> AbstractAsyncContextManager[ClientSession]:
+        if self._sessions is not None:
+            return self._sessions.session(connect_timeout)
+        return open_upstream(self.upstream, connect_timeout)
 
     # --- dispatch ----------------------------------------------------------------
 
@@ -213,7 +236,7 @@ class McpAdapter(EffectAdapter):
                 "the attempt's time limit was spent before anything was sent",
                 adapter=self.name,
             )
-        result = run_async(self._call, request, arguments, started, limit)
+        result = self._run(self._call, request, arguments, started, limit)
         return self._classify(request, result)
 
     async def _call(
@@ -234,7 +257,7 @@ class McpAdapter(EffectAdapter):
         sent = False
         try:
             connect = min(upstream.connect_timeout.total_seconds(), left())
-            async with open_upstream(upstream, connect) as session:
+            async with self._open(connect) as session:
                 try:
                     with anyio.fail_after(max(0.0, left())):
                         tool = await find_tool(session, upstream.tool)
@@ -270,6 +293,9 @@ class McpAdapter(EffectAdapter):
             if outcome is None:
                 outcome = self._failed(request, exc, sent=sent)
             # else: the answer (or the decision) came before the teardown failed.
+        if self._sessions is not None and isinstance(outcome, OutcomeUnknownError):
+            # A process that lost an answer is not trusted with the next call.
+            await self._sessions.discard()
         if isinstance(outcome, AdapterError):
             raise outcome
         if outcome is None:  # pragma: no cover - every path above sets it
@@ -440,7 +466,7 @@ class McpAdapter(EffectAdapter):
                 evidence={"reason": f"argument {upstream.lookup_by!r} is not a key"},
             )
         checked_at = datetime.now(UTC)
-        result = run_async(self._lookup_call, {upstream.lookup_key_argument: key})
+        result = self._run(self._lookup_call, {upstream.lookup_key_argument: key})
         evidence: dict[str, object] = {"checked_at": checked_at.isoformat()}
         if upstream.lookup_answer is not None:
             return self._lookup_by_reading(result, upstream.lookup_answer, evidence)
@@ -491,7 +517,7 @@ class McpAdapter(EffectAdapter):
         assert upstream.lookup_tool is not None
         timeout = upstream.timeout.total_seconds()
         # Any failure raises, and the base class turns it into UNKNOWN.
-        async with open_upstream(upstream, upstream.connect_timeout.total_seconds()) as s:
+        async with self._open(upstream.connect_timeout.total_seconds()) as s:
             return await s.call_tool(
                 upstream.lookup_tool, arguments, read_timeout_seconds=timeout
             )

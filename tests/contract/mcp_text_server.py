@@ -15,7 +15,8 @@ name, so two creates of one name can never both commit). Tools:
 * ``find_record(name)`` - text ``Record NAME: id rec_N, order O, amount A``, or
   raises ``no record named 'NAME'``.
 
-Run: ``RECORDS_DB=/path/records.db python -m tests.contract.mcp_text_server``.
+Run: ``RECORDS_DB=/path/records.db python -m tests.contract.mcp_text_server``
+(``STARTS_FILE``, if set, gets the process id of every start).
 """
 
 from __future__ import annotations
@@ -92,4 +93,8 @@ def find_record(name: str) -> types.CallToolResult:
 
 
 if __name__ == "__main__":
+    if os.environ.get("STARTS_FILE"):
+        # One line per process start: what "one process per worker" is counted by.
+        with open(os.environ["STARTS_FILE"], "a", encoding="utf-8") as starts:
+            starts.write(f"{os.getpid()}\n")
     server.run("stdio")

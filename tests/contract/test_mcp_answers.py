@@ -7,8 +7,11 @@ text. Its records live in its own SQLite file, the truth these tests count.
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
 import sys
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -74,7 +77,7 @@ safety = "{safety}"
 command = "{sys.executable}"
 args = ["-m", "tests.contract.mcp_text_server"]
 cwd = "{ROOT}"
-env = {{ RECORDS_DB = "{store}" }}
+env = {{ RECORDS_DB = "{store}", STARTS_FILE = "{store}.starts" }}
 tool = "{tool}"
 key_argument = "name"
 {lookup_lines}{answer}{lookup}"""
@@ -339,3 +342,69 @@ def test_the_readme_example_of_reading_text_answers_loads_as_written() -> None:
     assert upstream.answer.already_done == ("already exists",)
     assert upstream.lookup_answer is not None
     assert contract.upstream_key("A" * 43).startswith("eb-000000")
+
+
+# --- item 4: one stdio process per worker, restarted when it dies ---------------------
+
+
+def starts(store: Path) -> list[int]:
+    path = Path(f"{store}.starts")
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def test_a_stdio_upstream_is_started_once_for_attempts_and_lookups(
+    tmp_path: Path,
+) -> None:
+    # Given a reconcilable contract in front of a stdio server
+    store = tmp_path / "records.db"
+    contract = contract_for(
+        contracts_toml(store, safety="reconcilable", lookup=LOOKUP_TEXT)
+    )
+    adapter = McpAdapter(contract)
+    try:
+        # When three effects are dispatched and each is looked up
+        records = [effect(contract) for _ in range(3)]
+        for record in records:
+            dispatch(adapter, record)
+        found = [probe(adapter, record).status for record in records]
+        # Then one process served all six calls
+        assert found == [ProbeStatus.COMMITTED] * 3
+        assert len(starts(store)) == 1
+    finally:
+        adapter.close()
+
+
+def test_a_stdio_upstream_that_died_is_restarted_before_the_next_call(
+    tmp_path: Path,
+) -> None:
+    # Given a kept stdio server that served one attempt
+    store = tmp_path / "records.db"
+    adapter = McpAdapter(contract_for(contracts_toml(store)))
+    try:
+        dispatch(adapter, effect(adapter.contract))
+        [first_pid] = starts(store)
+        # When its process dies between two attempts
+        os.kill(first_pid, signal.SIGKILL)
+        wait_gone(first_pid)
+        # Then the next attempt starts a new one (before anything is sent) and commits
+        result = dispatch(adapter, effect(adapter.contract))
+        assert result.external_id == "rec_2"
+        assert len(starts(store)) == 2
+        assert starts(store)[1] != first_pid
+        assert len(names(store)) == 2
+    finally:
+        adapter.close()
+
+
+def wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            if stat.read().split()[2] == "Z":  # a zombie: dead, not yet reaped
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} did not die")
