@@ -76,6 +76,22 @@ An upstream MCP server (``adapter = "mcp"``; issue 10, item 4) is named in
     terminal_rpc_codes = [-32601]  # JSON-RPC errors meaning nothing ran (default)
     connect_timeout = "10s"        # start + initialize, before tools/call is written
     timeout = "10s"                # the tools/call answer
+    [contract.upstream.answer]     # optional: how to read a call's answer
+    pattern = "Created|already exists"   # a regex over the text (its "status"
+                                   #   group, else the match), or instead
+    # pointer = "/status"          # a JSON pointer into the structured content or a
+                                   #   text block that is JSON
+    id_pattern = "id (rec_[0-9]+)" # the external id (id_pointer with a pointer)
+    committed = ["Created"]        # committed (any other value of a non-error answer
+                                   #   too; no value at all is unknown)
+    not_committed = []             # documented as not committed: retryable
+    failed = []                    # committed, but failed: terminal
+    already_done = ["already exists"]  # this key already took effect: committed,
+                                   #   the answer kept as evidence (needs key_argument)
+    [contract.upstream.lookup_answer]  # optional, instead of found_field: the same,
+    pattern = "^Record|no record"  #   committed -> found, not_committed -> not
+    committed = ["Record"]         #   found (both required), else unknown
+    not_committed = ["no record"]
 
 The safety class follows what the upstream tool can prove, checked here. It is
 required, as for every contract (no class is assumed; write ``unsafe`` for a tool
