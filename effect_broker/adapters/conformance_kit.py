@@ -42,6 +42,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
+import mcp.types as types
+from pydantic import ValidationError
+
 from effect_broker.adapters.base import (
     DispatchRequest,
     DispatchResult,
@@ -503,6 +506,39 @@ class ConformanceKit:
     def _ids(self, exchanges: list[Exchange]) -> list[str | None]:
         return [self._answer_id(a) for e in exchanges for a in e.answers]
 
+    def _kind(self, answer: Answer) -> tuple[str, str | None]:
+        """What an answer says: ``committed`` (with its id, if it names one),
+        ``already`` (this key already took effect: ``already_done``) or ``error``."""
+        if self.contract.adapter == "mcp":
+            from effect_broker.adapters.mcp_answers import read_answer
+
+            upstream = self.contract.upstream
+            assert upstream is not None
+            document = _document(answer) if 200 <= answer.status <= 299 else None
+            if document is None:
+                return "error", None
+            try:
+                result = types.CallToolResult.model_validate(document.get("result"))
+            except ValidationError:
+                return "error", None
+            if upstream.answer is not None:
+                read = read_answer(result, upstream.answer, upstream.external_id_field)
+                if read.meaning == "already_done":
+                    return "already", read.external_id
+                if read.meaning == "committed" or (
+                    read.meaning == "other" and not result.is_error
+                ):
+                    return "committed", read.external_id
+                return "error", None
+            if result.is_error:
+                return "error", None
+            from effect_broker.adapters.mcp_answers import external_id_of_rpc
+
+            return "committed", external_id_of_rpc(document, upstream)
+        if 200 <= answer.status <= 299 and _document(answer) is not None:
+            return "committed", self._answer_id(answer)
+        return "error", None
+
     @staticmethod
     def _said(outcome: DispatchResult | AdapterError) -> str:
         if isinstance(outcome, DispatchResult):
@@ -545,9 +581,9 @@ class ConformanceKit:
         outcome = self._attempt(effect)
         if isinstance(outcome, DispatchResult):
             if not outcome.external_id:
-                raise _Fail(
-                    "the target answered without an external id at "
-                    f"'{self._external_id_field()}': a committed effect cannot be named"
+                return (
+                    "answered committed, with no external id at "
+                    f"'{self._external_id_field()}' (the effect is named by its key)"
                 )
             return f"answered {outcome.external_id}"
         if isinstance(outcome, OutcomeUnknownError):
@@ -581,22 +617,32 @@ class ConformanceKit:
         self._attempt(effect)
         self._attempt(effect)
         exchanges = self._proxy.exchanges[start:]
-        ids = self._ids(exchanges)
+        kinds = [self._kind(a) for e in exchanges for a in e.answers]
         sent = sum(e.forwarded for e in exchanges)
-        named = [i for i in ids if i]
-        distinct = sorted(set(named))
-        if len(named) < len(ids):
+        errors = [k for k in kinds if k[0] == "error"]
+        if errors:
             raise _Fail(
-                f"{len(ids) - len(named)} of {sent} requests under one key were not "
-                "answered with an id: "
+                f"{len(errors)} of {sent} requests under one key were not answered as "
+                "committed: "
                 + "; ".join(f"HTTP {a.status}" for e in exchanges for a in e.answers)
             )
-        if len(distinct) != 1:
+        distinct = sorted({i for kind, i in kinds if kind == "committed" and i})
+        unnamed = sum(1 for kind, i in kinds if kind == "committed" and not i)
+        if len(distinct) > 1:
             raise _Fail(
                 f"{sent} requests under one key made {len(distinct)} effects "
                 f"({', '.join(distinct)})"
             )
-        return f"{sent} requests under one key made 1 effect ({distinct[0]})"
+        if unnamed > 1 or (unnamed and distinct):
+            raise _Fail(
+                f"{sent} requests under one key were answered as "
+                f"{unnamed + len(distinct)} new commits, naming no id: one effect "
+                "cannot be proved"
+            )
+        already = sum(1 for kind, _ in kinds if kind == "already")
+        name = distinct[0] if distinct else "named by its key"
+        tail = f"; {already} answered already done" if already else ""
+        return f"{sent} requests under one key made 1 effect ({name}){tail}"
 
     def _lost_then_found(self, fault: Literal["lose_answer", "slow"]) -> str:
         effect = self._new_effect()
@@ -605,34 +651,41 @@ class ConformanceKit:
         sent_at = time.monotonic()
         outcome = self._attempt(effect)
         exchange = self._proxy.exchanges[start]
-        committed = [i for i in self._ids([exchange]) if i]
+        kinds = [self._kind(a) for a in exchange.answers]
         what = "lost" if fault == "lose_answer" else "held past the attempt limit"
-        if not committed:
+        if not kinds or kinds[0][0] == "error":
             answers = ", ".join(f"HTTP {a.status}" for a in exchange.answers)
             raise _Fail(f"the target's answer named no effect ({answers or 'none'})")
-        first = committed[0]
+        first = kinds[0][1]
+        named = first or "(committed, no id)"
         if not isinstance(outcome, OutcomeUnknownError):
             raise _Fail(
-                f"the target answered {first} ({what}), and the adapter said "
+                f"the target answered {named} ({what}), and the adapter said "
                 f"{self._said(outcome)}: only unknown is honest"
             )
         if self.safety is SafetyClass.UNSAFE:
-            return f"answer {first} {what}; the adapter said unknown"
+            return f"answer {named} {what}; the adapter said unknown"
         if self.safety is SafetyClass.IDEMPOTENT:
             resend = self._attempt(effect)
             if not isinstance(resend, DispatchResult):
                 raise _Fail(
-                    f"answer {first} {what}; the resend under the same key was "
+                    f"answer {named} {what}; the resend under the same key was "
                     f"{self._said(resend)}"
                 )
-            if resend.external_id != first:
+            if "already_done" in resend.output:
+                return (
+                    f"answer {named} {what}; the adapter said unknown; resend: "
+                    f"already done ({resend.output['already_done']})"
+                )
+            if first is None or resend.external_id != first:
                 raise _Fail(
-                    f"answer {first} {what}; the resend under the same key answered "
-                    f"{resend.external_id}: 2 requests under one key made 2 effects"
+                    f"answer {named} {what}; the resend under the same key answered "
+                    f"{resend.external_id or 'a new commit'}: 2 requests under one key "
+                    "made 2 effects"
                 )
             return f"answer {first} {what}; the adapter said unknown; resend: {first}"
         found = self._find(effect, first, sent_at)
-        return f"answer {first} {what}; the adapter said unknown; {found}"
+        return f"answer {named} {what}; the adapter said unknown; {found}"
 
     def check_lost_answer(self) -> str:
         """The proxy loses the answer after the target committed."""
@@ -649,7 +702,8 @@ class ConformanceKit:
         self._proxy.arm("reset")
         outcome = self._attempt(effect)
         exchange = self._proxy.exchanges[start]
-        assert exchange.forwarded == 0
+        if exchange.forwarded:  # pragma: no cover - the proxy never forwards a reset
+            raise _Fail("the proxy forwarded a request it was to reset")
         if isinstance(outcome, DispatchResult):
             raise _Fail(
                 f"the request never reached the target, yet the adapter said "
@@ -676,7 +730,7 @@ class ConformanceKit:
         """Same key, other payload: refused, and it left nothing."""
         effect = self._new_effect()
         first = self._attempt(effect)
-        if not isinstance(first, DispatchResult) or not first.external_id:
+        if not isinstance(first, DispatchResult):
             raise _Fail(f"the original request was {self._said(first)}")
         drifted = make_effect_record(
             self.contract,
@@ -685,19 +739,18 @@ class ConformanceKit:
             effect.downstream_key,
             tenant_id=_TENANT_ID,
         )
-        start = len(self._proxy.exchanges)
         refused = self._attempt(drifted, self.drift_arguments)
-        drift_ids = [i for i in self._ids(self._proxy.exchanges[start:]) if i]
         if not isinstance(refused, TerminalAdapterError):
-            named = f" ({drift_ids[0]})" if drift_ids else ""
             raise _Fail(
-                f"the same key with another payload was {self._said(refused)}"
-                f"{named}, not refused"
+                f"the same key with another payload was {self._said(refused)}, not "
+                "refused"
             )
         again = self._attempt(effect)
-        if not isinstance(again, DispatchResult) or again.external_id != (
-            first.external_id
-        ):
+        same = isinstance(again, DispatchResult) and (
+            "already_done" in again.output
+            or (again.external_id is not None and again.external_id == first.external_id)
+        )
+        if not same:
             raise _Fail(
                 f"after the refused drift, the original resent under its key was "
                 f"{self._said(again)}, not {first.external_id}: the refusal left "

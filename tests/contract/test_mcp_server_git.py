@@ -20,6 +20,7 @@ import pytest
 
 from effect_broker.adapters.base import DispatchRequest
 from effect_broker.adapters.conformance import make_effect_record
+from effect_broker.adapters.conformance_kit import ConformanceKit
 from effect_broker.adapters.mcp_adapter import McpAdapter
 from effect_broker.domain.contracts import EffectContract, parse_contracts
 from effect_broker.domain.errors import OutcomeUnknownError
@@ -144,3 +145,29 @@ def test_a_base64url_key_starting_with_a_dash_is_refused_by_the_real_server(
     with pytest.raises(OutcomeUnknownError):
         dispatch(adapter, repo, dashed_operation_key())
     assert branches(repo) == []
+
+
+def test_the_conformance_kit_proves_the_branch_key_and_fails_drift(repo: Path) -> None:
+    # Given the real git server as an idempotent upstream whose key is a branch name
+    kit = ConformanceKit(
+        contract(repo, alphabet="hex"),
+        arguments={"repo_path": str(repo)},
+        attempt_limit=10.0,
+    )
+    # When the kit runs it behind its stdio wrapper
+    rows = {row.check: row for row in kit.run()}
+    # Then a key takes effect once however often it is sent: the resends' "already
+    # exists" is read as the same effect
+    assert rows["same_key_one_effect"].outcome == "pass"
+    assert rows["same_key_one_effect"].evidence == (
+        "3 requests under one key made 1 effect (named by its key); 2 answered "
+        "already done"
+    )
+    assert rows["lost_answer"].outcome == "pass"
+    assert "resend: already done (already exists)" in rows["lost_answer"].evidence
+    assert rows["slow_answer"].outcome == "pass"
+    # And a branch cannot tell another payload from the same one: drift FAILs
+    assert rows["drift_refused"].outcome == "FAIL"
+    assert "not refused" in rows["drift_refused"].evidence
+    # (answers, same key, lost, slow, drift: five branches, one per effect)
+    assert len(branches(repo)) == 5
