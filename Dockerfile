@@ -33,5 +33,5 @@ USER broker
 WORKDIR /home/broker
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --retries=3 \
-  CMD python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"
+  CMD python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/readyz', timeout=2)"
 CMD ["effect-broker", "serve", "--host", "0.0.0.0", "--port", "8000"]

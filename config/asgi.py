@@ -2,9 +2,10 @@
 server's streamable HTTP transport mounted at ``/mcp`` (effect_broker.mcp.transports).
 
 It declares its role before settings load, so it gets the API's connection pool and
-never persistent connections (config/capacity.py), it refuses a body over the size
-limit before reading it (effect_broker.api.body_limit), and it admits a bounded number
-of requests at a time (effect_broker.api.admission).
+never persistent connections (config/capacity.py), it reads a request's body before
+admitting the request - refusing one over the size limit before reading it, one too
+slow to arrive, and ambiguous framing (effect_broker.api.body_limit) - and it admits a
+bounded number of requests at a time (effect_broker.api.admission).
 """
 
 import os
@@ -23,7 +24,7 @@ from django.db.backends.postgresql.base import (  # noqa: E402
 )
 
 from effect_broker.api.admission import InFlightLimit  # noqa: E402
-from effect_broker.api.body_limit import BodySizeLimit  # noqa: E402
+from effect_broker.api.body_limit import body_limits  # noqa: E402
 from effect_broker.api.query_credentials import QueryCredentialGuard  # noqa: E402
 from effect_broker.mcp.server import mcp_settings_from_env  # noqa: E402
 from effect_broker.mcp.transports import McpEndpoint, McpMount  # noqa: E402
@@ -46,18 +47,18 @@ def _close_pools() -> None:
 
 
 limits = settings.EFFECT_BROKER_API_ADMISSION
-# A credential in the query string is refused (and scrubbed from the access log) and
-# an oversized upload is refused, both before taking a request slot.
+# A credential in the query string is refused (and scrubbed from the access log), and
+# the body is read (bounded in size and time, ambiguous framing refused) before the
+# request takes a slot: a slow body must not hold one (issue 19).
 api_application = QueryCredentialGuard(
-    BodySizeLimit(
+    body_limits(
         InFlightLimit(
             django_application,
             max_in_flight=limits.max_in_flight,
             max_queued=limits.max_queued,
             queue_timeout=limits.queue_timeout,
             on_shutdown=_close_pools,
-        ),
-        max_body_bytes=settings.EFFECT_BROKER_MAX_BODY_BYTES,
+        )
     )
 )
 # /mcp goes to the MCP endpoint behind the same guards plus a tenant key; it is not

@@ -72,24 +72,72 @@ CONNECTION_SAFETY = {
 
 def connection_safety_options() -> dict[str, int]:
     """The ``CONNECTION_SAFETY`` defaults with their variables' overrides applied."""
-    options = {}
-    for name, (variable, default) in CONNECTION_SAFETY.items():
+    return _whole_numbers(CONNECTION_SAFETY)
+
+
+#: Server-side limits every session starts with (issue 19 item 7), each with the
+#: variable that overrides it, in milliseconds (0: no limit, PostgreSQL's default).
+#: One stuck process must not stall the others: a worker frozen (VM stall, SIGSTOP,
+#: partition) inside a transaction held its row locks until it woke, and every sweep
+#: and claim that met them waited with it. ``idle_in_transaction_session_timeout``
+#: makes the server end such a session, which rolls its transaction back and releases
+#: its locks (its lease then expires and is taken over as usual); a frozen client
+#: still ACKs TCP keepalives, so nothing else would. ``lock_timeout`` bounds any wait
+#: for a lock (a claim or a write meeting a row a stuck session holds fails with
+#: 55P03 and is retried later: ``effect_broker.store.lock_waits``).
+#: ``statement_timeout`` stops a runaway statement; it is generous, far above the
+#: broker's longest legitimate statement (the hourly job cleanup reads every retained
+#: job: ~1.5 s at 100k, minutes only with many millions retained), and ``migrate``
+#: runs without it and without a lock timeout (``store.lock_waits``).
+SESSION_TIMEOUTS = {
+    "lock_timeout": ("EFFECT_BROKER_DB_LOCK_TIMEOUT_MS", 5_000),
+    "idle_in_transaction_session_timeout": (
+        "EFFECT_BROKER_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+        30_000,
+    ),
+    "statement_timeout": ("EFFECT_BROKER_DB_STATEMENT_TIMEOUT_MS", 600_000),
+}
+
+
+def _whole_numbers(table: dict[str, tuple[str, int]]) -> dict[str, int]:
+    values = {}
+    for name, (variable, default) in table.items():
         raw = os.environ.get(variable, "").strip()
         if not raw:
-            options[name] = default
+            values[name] = default
         elif raw.isdigit():
-            options[name] = int(raw)
+            values[name] = int(raw)
         else:
             raise ConfigurationError(
                 f"{variable} must be a whole number >= 0, got {raw!r}"
             )
-    return options
+    return values
+
+
+def session_timeouts() -> dict[str, int]:
+    """The ``SESSION_TIMEOUTS`` defaults with their variables' overrides applied."""
+    return _whole_numbers(SESSION_TIMEOUTS)
+
+
+def session_options(timeouts: dict[str, int]) -> str:
+    """libpq's ``options`` startup parameter that sets ``timeouts`` in the session."""
+    return " ".join(f"-c {name}={value}" for name, value in timeouts.items())
 
 
 def with_connection_safety(database: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``database`` whose OPTIONS carry the safety options it does not set
-    itself (a value in DATABASE_URL's query string wins)."""
+    itself (a value in DATABASE_URL's query string wins), and the session timeouts.
+
+    The timeouts travel in libpq's ``options``, so every connection made from these
+    settings starts with them: Django's, the procrastinate worker's pool (it reads
+    these OPTIONS), the worker's database probe. ``options`` from DATABASE_URL come
+    after them, so a ``-c lock_timeout=...`` there wins over the default.
+    """
     options = {**connection_safety_options(), **(database.get("OPTIONS") or {})}
+    given = str(options.get("options") or "").strip()
+    options["options"] = " ".join(
+        filter(None, [session_options(session_timeouts()), given])
+    )
     return {**database, "OPTIONS": options}
 
 

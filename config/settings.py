@@ -75,6 +75,10 @@ globals().update(transport_security(production=PRODUCTION))
 
 INSTALLED_APPS = [
     "django.contrib.admin",
+    # Before django.contrib.auth, so its createsuperuser (no bypass of the password
+    # validators) is the one Django runs. Its templates and static files are all
+    # under effect_broker/ names, so the order changes nothing else.
+    "effect_broker",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -84,7 +88,6 @@ INSTALLED_APPS = [
     # django-ninja's templates and its bundled Swagger UI assets (ninja/static): with
     # it installed, /docs loads them from STATIC_URL, never from a CDN (issue 11).
     "ninja",
-    "effect_broker",
 ]
 
 # Session, auth and messages serve only the admin: on the API's routes (/v1/,
@@ -213,6 +216,56 @@ def _non_negative(name: str, default: float) -> float:
 #: figure, so a body that reaches Django some other way (WSGI) is refused alike.
 EFFECT_BROKER_MAX_BODY_BYTES = _positive_int("EFFECT_BROKER_MAX_BODY_BYTES", 256 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = EFFECT_BROKER_MAX_BODY_BYTES
+
+
+def _positive(name: str, default: float) -> float:
+    value = _non_negative(name, default)
+    if value == 0 or value == float("inf"):
+        from effect_broker.domain.errors import ConfigurationError
+
+        raise ConfigurationError(f"{name} must be a finite number > 0, got {value!r}")
+    return value
+
+
+#: How long a request body may take to arrive, in seconds, and the slowest average
+#: rate it may arrive at, in bytes per second after a 5 s head start: a slower body
+#: is 408 (effect_broker.api.body_limit; issue 19: 8 trickling clients made every
+#: other request a 503).
+EFFECT_BROKER_BODY_TIMEOUT = _positive("EFFECT_BROKER_BODY_TIMEOUT", 30.0)
+EFFECT_BROKER_BODY_MIN_RATE = _positive("EFFECT_BROKER_BODY_MIN_RATE", 1024.0)
+#: Web origins whose pages may call /mcp (effect_broker.mcp.request_guards; issue 19):
+#: "https://app.example.com", or "http://localhost:*" for any port. A request with no
+#: Origin header (a non-browser client) is not affected; any other Origin is a 403.
+EFFECT_BROKER_MCP_ALLOWED_ORIGINS = [
+    origin.strip()
+    for origin in os.environ.get("EFFECT_BROKER_MCP_ALLOWED_ORIGINS", "").split(",")
+    if origin.strip()
+]
+#: Admin login throttling (effect_broker.admin_login; issue 19): this many failed
+#: logins for one username from one address lock that pair out for the window.
+AUTHENTICATION_BACKENDS = ["effect_broker.admin_login.ThrottledModelBackend"]
+EFFECT_BROKER_ADMIN_LOGIN_MAX_FAILURES = _positive_int(
+    "EFFECT_BROKER_ADMIN_LOGIN_MAX_FAILURES", 5
+)
+EFFECT_BROKER_ADMIN_LOGIN_LOCKOUT_SECONDS = _positive_int(
+    "EFFECT_BROKER_ADMIN_LOGIN_LOCKOUT_SECONDS", 900
+)
+#: Django's four password validators in production, enforced on every password set
+#: (createsuperuser's bypass prompt and --noinput included: effect_broker's own
+#: command; issue 19: production took "1"). Development keeps none.
+AUTH_PASSWORD_VALIDATORS = (
+    [
+        {"NAME": f"django.contrib.auth.password_validation.{name}"}
+        for name in (
+            "UserAttributeSimilarityValidator",
+            "MinimumLengthValidator",
+            "CommonPasswordValidator",
+            "NumericPasswordValidator",
+        )
+    ]
+    if PRODUCTION
+    else []
+)
 #: Caps on a submit's arguments (effect_broker.domain.argument_limits; issue 12).
 EFFECT_BROKER_ARGUMENT_LIMITS = {
     "max_keys": _positive_int("EFFECT_BROKER_MAX_ARGUMENT_KEYS", 1000),
@@ -222,6 +275,11 @@ EFFECT_BROKER_ARGUMENT_LIMITS = {
 #: Most items one batch submit may carry (effect_broker.services.batch_submission;
 #: issue 13); a larger batch is refused whole (400 invalid_request, ``limit``).
 EFFECT_BROKER_MAX_BATCH_ITEMS = _positive_int("EFFECT_BROKER_MAX_BATCH_ITEMS", 100)
+# Where a problem's ``type`` points (issue 21): ``{base}{code}``. The default is the
+# page this broker serves itself, so the URI resolves against any running broker.
+EFFECT_BROKER_PROBLEM_BASE_URL = (
+    os.environ.get("EFFECT_BROKER_PROBLEM_BASE_URL", "").strip() or "/problems/"
+)
 #: Per-tenant submits per second in each API process (0 turns the limit off) and the
 #: burst a quiet tenant may spend at once (effect_broker.api.rate_limit; issue 12).
 EFFECT_BROKER_TENANT_SUBMIT_RATE = _non_negative(
@@ -292,10 +350,17 @@ LOGGING = {
         "plain": {"()": "effect_broker.log_format.PlainFormatter"},
         "json": {"()": "effect_broker.log_format.JsonFormatter"},
     },
+    "filters": {
+        # The periodic sweep's start/end lines at DEBUG (issue 20: 80% of the log).
+        "routine_jobs": {"()": "effect_broker.log_format.RoutineJobsAtDebug"},
+    },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": EFFECT_BROKER_LOG_FORMAT,
+            # On the handler: a logger's own filters skip records its children
+            # (procrastinate.worker, procrastinate.periodic) propagate to it.
+            "filters": ["routine_jobs"],
         }
     },
     "loggers": {

@@ -32,6 +32,7 @@ from django.utils.html import format_html
 from effect_broker import admin_console as console
 from effect_broker.admin_forms import ForkForm, ReasonForm, ResolveForm
 from effect_broker.admin_ledger import ReadOnlyAdmin
+from effect_broker.admin_login import ThrottledAdminLoginForm
 from effect_broker.admin_tenants import TenantAdmin
 from effect_broker.domain.errors import EffectBrokerError, OperatorForbiddenError
 from effect_broker.models import EffectFork, EffectIntent, EffectReceipt
@@ -44,6 +45,8 @@ __all__ = ["EffectIntentAdmin", "TenantAdmin"]
 
 # The index shows how many effects wait for an operator (a block above the app list).
 admin.site.index_template = "admin/effect_broker/index.html"
+# Failed logins are throttled per username and address (effect_broker.admin_login).
+admin.site.login_form = ThrottledAdminLoginForm
 
 
 @admin.register(EffectIntent)

@@ -15,8 +15,19 @@ class EffectBrokerConfig(AppConfig):
         # worker role before settings load): its metrics port, if one is configured,
         # and span export, if OTLP is configured. Both are no-ops elsewhere.
         from django.conf import settings
+        from django.db.models.signals import post_migrate, pre_migrate
 
         from effect_broker.observability import tracing, worker_metrics
+        from effect_broker.store import lock_waits
+
+        # migrate runs without the sessions' statement and lock timeouts (README
+        # "Stuck sessions"); dispatch_uid: once, however many apps migrate.
+        pre_migrate.connect(
+            lock_waits.unbound_for_migrations, dispatch_uid="eb-unbound-migrations"
+        )
+        post_migrate.connect(
+            lock_waits.rebound_after_migrations, dispatch_uid="eb-rebound-migrations"
+        )
 
         worker_metrics.start_from_settings()
         tracing.configure_from_environment(

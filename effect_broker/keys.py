@@ -35,6 +35,13 @@ import hashlib
 
 from effect_broker.domain.keys import MAX_OPERATION_KEY_LENGTH
 
+#: Keys longer than this become a digest. Frozen at the broker's first key limit:
+#: the helpers must build the same key for the same inputs in every release, or a
+#: retry across an upgrade would be a second operation. Raising the broker's limit
+#: (issue 21: 255, the Idempotency-Key draft's) must not move it.
+SHORTEN_ABOVE = 200
+assert SHORTEN_ABOVE <= MAX_OPERATION_KEY_LENGTH
+
 __all__ = [
     "RUNTIME_PREFIXES",
     "KeyPartError",
@@ -79,7 +86,7 @@ def _key(prefix: str, parts: list[str], action: str | None) -> str:
     if action is not None:
         parts = [*parts, _text("action", action)]
     key = ":".join([prefix, *parts])
-    if len(key) > MAX_OPERATION_KEY_LENGTH:
+    if len(key) > SHORTEN_ABOVE:
         return _digest_key(prefix, key)
     return key
 
@@ -204,6 +211,6 @@ def business_key(*parts: str | int, version: int = 1) -> str:
             f"effect_broker.keys.{texts[0]}_key"
         )
     key = ":".join([*texts, f"v{version}"])
-    if len(key) > MAX_OPERATION_KEY_LENGTH:
+    if len(key) > SHORTEN_ABOVE:
         return _digest_key(texts[0][:32], key)
     return key

@@ -57,3 +57,28 @@ class PlainFormatter(logging.Formatter):
             return line
         head, sep, tail = line.partition("\n")  # keep a traceback below the fields
         return f"{head} {' '.join(extras)}{sep}{tail}"
+
+
+#: procrastinate jobs that run on a timer whatever the load: the sweep every second and
+#: the hourly cleanup. Their start, end and deferral lines are routine.
+ROUTINE_TASKS = frozenset({"effect_broker.sweep", "effect_broker.remove_finished_jobs"})
+
+
+class RoutineJobsAtDebug(logging.Filter):
+    """procrastinate's INFO lines about routine jobs are DEBUG lines.
+
+    Issue 20: a worker at INFO logged three lines a second for the sweep (deferred,
+    started, ended), about 80% of its log, burying the lines about effects. A sweep
+    that acts says so itself (``services.sweeper``: one warning with its counts), so
+    these lines only ever said "nothing to do". At DEBUG they are still there.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO:
+            return True
+        job = getattr(record, "job", None)
+        task = job.get("task_name") if isinstance(job, dict) else None
+        if task not in ROUTINE_TASKS:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)

@@ -352,6 +352,22 @@ class OperatorToken(models.Model):
         return f"{self.name} ({self.user_id})"
 
 
+class AdminLoginFailure(models.Model):
+    """Failed admin logins for one (username, client address) in the current window.
+
+    The throttle's counter (``effect_broker.admin_login``): in the database, so every
+    API process counts the same failures.
+    """
+
+    #: SHA-256 of "username\0address": no username typed by a stranger is stored.
+    key = models.CharField(max_length=64, primary_key=True)
+    failures = models.PositiveIntegerField()
+    window_started_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "admin_login_failures"
+
+
 class ConformanceRun(models.Model):
     """One ``contracts conform`` run against a contract version's target (issue 22).
 

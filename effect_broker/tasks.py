@@ -9,19 +9,34 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from datetime import timedelta
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
-from procrastinate import JobContext, exceptions, utils
+from django.db import DatabaseError, transaction
+from procrastinate import JobContext, exceptions, manager, utils
+from procrastinate import sql as procrastinate_sql
 from procrastinate.contrib.django import app
+from procrastinate.contrib.django.django_connector import DjangoConnector
 from procrastinate.jobs import Status
 
 from effect_broker.scheduling import DISPATCH_TASK, RECONCILE_TASK
 from effect_broker.services import dispatch, reconcile, sweeper
+from effect_broker.services.runtime import get_runtime
+from effect_broker.store.lock_waits import gave_up_waiting, try_sweep_lock
 
 logger = logging.getLogger(__name__)
 
 _SWEEP_SECONDS = max(1, int(settings.EFFECT_BROKER_TIMING["sweep_seconds"]))
+
+#: When an effect job that met a lock it gave up waiting for runs again.
+BUSY_RETRY = timedelta(seconds=1)
+
+#: procrastinate's queries on this thread's Django connection: inside the sweep's
+#: transaction, under its lock timeout (the worker's own connector is another pool).
+_sweep_connector = DjangoConnector()
+_sweep_jobs = manager.JobManager(_sweep_connector)
 
 
 def _actor(context: JobContext) -> str:
@@ -32,16 +47,50 @@ def _actor(context: JobContext) -> str:
 @app.task(queue="dispatch", name=DISPATCH_TASK, pass_context=True)
 def dispatch_effect(context: JobContext, effect_id: str) -> None:
     """Dispatch one effect (no-op unless it is prepared or due for retry)."""
-    dispatch.dispatch(effect_id, worker=_actor(context))
+    retry_later_if_busy(
+        "dispatch",
+        effect_id,
+        lambda: dispatch.dispatch(effect_id, worker=_actor(context)),
+    )
 
 
 @app.task(queue="reconcile", name=RECONCILE_TASK, pass_context=True)
 def reconcile_effect(context: JobContext, effect_id: str) -> None:
     """Reconcile one effect whose outcome is unknown (no-op for unsafe effects)."""
-    reconcile.reconcile(effect_id, worker=_actor(context))
+    retry_later_if_busy(
+        "reconcile",
+        effect_id,
+        lambda: reconcile.reconcile(effect_id, worker=_actor(context)),
+    )
 
 
-# Only a queueing lock: a `lock` on the sweeper can stall it (procrastinate #1408).
+def retry_later_if_busy(kind: str, effect_id: str, work: Callable[[], object]) -> None:
+    """Run ``work``; when a statement gave up waiting for a lock (another session,
+    perhaps a stuck one, holds the effect's row), defer the job again instead of
+    failing it. That statement (and its transaction) wrote nothing, so the effect is
+    as its last committed write left it: still due (the job runs again in
+    ``BUSY_RETRY``), or claimed by this worker, whose lease then runs out and is
+    taken over as after a worker death - never failed for it."""
+    try:
+        work()
+    except DatabaseError as exc:
+        if not gave_up_waiting(exc):
+            raise
+        rt = get_runtime()
+        at = rt.clock.now() + BUSY_RETRY
+        if kind == "dispatch":
+            rt.scheduler.dispatch(effect_id, at=at)
+        else:
+            rt.scheduler.reconcile(effect_id, at=at)
+        logger.warning(
+            "effect busy: gave up waiting for a lock; retrying later",
+            extra={"action": f"{kind}_busy", "effect_id": effect_id},
+        )
+
+
+# Only a queueing lock: a `lock` on the sweeper can stall it (procrastinate #1408: a
+# dead sweeper's job keeps its lock, and only a sweep would recover it). At most one
+# sweep runs at a time all the same: the sweep's advisory lock (store.lock_waits).
 @app.periodic(cron=f"* * * * * */{_SWEEP_SECONDS}", periodic_id="sweep")
 @app.task(
     queue="maintenance",
@@ -51,8 +100,24 @@ def reconcile_effect(context: JobContext, effect_id: str) -> None:
 )
 def sweep(context: JobContext, timestamp: int) -> None:
     """Recover from worker death: stalled jobs, expired leases, due work."""
-    retry_stalled_jobs()
-    sweeper.sweep(actor=_actor(context))
+    run_sweep(actor=_actor(context))
+
+
+def run_sweep(*, actor: str) -> bool:
+    """One sweep, unless another one is running (then return False at once).
+
+    Issue 19 item 7: sweeps waited on a row a frozen worker's transaction held, with
+    no timeout, and a new one started every second until every job slot of every
+    worker was taken. Now the sweep is one transaction holding the sweep's advisory
+    lock, its lock waits are bounded (``SWEEP_LOCK_TIMEOUT_MS``), and it skips the
+    rows and jobs it cannot lock; the next sweep tries them again.
+    """
+    with transaction.atomic():
+        if not try_sweep_lock():
+            return False
+        retry_stalled_jobs()
+        sweeper.sweep(actor=actor)
+    return True
 
 
 # How often finished jobs are removed: hourly. procrastinate's delete query reads every
@@ -104,21 +169,24 @@ def retry_stalled_jobs() -> int:
     which releases its lock and lets the twin run.
     """
     seconds = settings.EFFECT_BROKER_TIMING["stalled_job_seconds"]
-    manager = app.job_manager
-    stalled = async_to_sync(manager.get_stalled_jobs)(seconds_since_heartbeat=seconds)
+    stalled = async_to_sync(app.job_manager.get_stalled_jobs)(
+        seconds_since_heartbeat=seconds
+    )
     count = 0
     for job in stalled:
         if job.id is None:
             continue
         try:
-            manager.retry_job_by_id(job.id, retry_at=utils.utcnow())
-            action = "retried"
-        except exceptions.UniqueViolation:
-            async_to_sync(manager.finish_job_by_id_async)(
-                job.id, status=Status.FAILED, delete_job=False
-            )
-            action = "failed (a queued twin exists)"
-        except exceptions.ProcrastinateException:
+            action = _recover(job.id)
+        except exceptions.ProcrastinateException as exc:
+            if gave_up_waiting(exc):
+                # A stuck session holds the job or its twin (an uncommitted retry
+                # job): skip it, the next sweep tries again.
+                logger.warning(
+                    "stalled job busy: skipped",
+                    extra={"action": "retry_stalled_job", "job_id": job.id},
+                )
+                continue
             # One odd job must not stop the sweep that recovers all the others.
             logger.exception(
                 "could not recover stalled job",
@@ -136,3 +204,23 @@ def retry_stalled_jobs() -> int:
             },
         )
     return count
+
+
+def _recover(job_id: int) -> str:
+    """Retry one stalled job, or fail it when a queued twin exists; in a savepoint on
+    this thread's connection, so inside a sweep a lock it gave up waiting for undoes
+    only this job (and waits no longer than the sweep's lock timeout)."""
+    try:
+        with transaction.atomic():
+            _sweep_jobs.retry_job_by_id(job_id, retry_at=utils.utcnow())
+        return "retried"
+    except exceptions.UniqueViolation:
+        with transaction.atomic():
+            # finish_job_by_id_async's query, run synchronously on this connection.
+            _sweep_connector.execute_query(
+                query=procrastinate_sql.queries["finish_job"],
+                job_id=job_id,
+                status=Status.FAILED.value,
+                delete_job=False,
+            )
+        return "failed (a queued twin exists)"

@@ -7,9 +7,10 @@ environment proxies), and every failure is sorted by the one question that matte
 
 Classification (each row is tested with real sockets in tests/contract):
 
-* The send gate refuses (checked again on entry to the transport and right before
-  the first byte is written), or the attempt's time limit is already spent ->
-  ``SendRefusedError`` (a ``RetryableAdapterError``): nothing was sent.
+* The send gate refuses (checked again on entry to the transport, as the headers are
+  composed, and immediately before the one write that sends headers and body
+  together), or the attempt's time limit is already spent -> ``SendRefusedError``
+  (a ``RetryableAdapterError``): nothing was sent.
 * ``ConnectError``, ``ConnectTimeout``, ``PoolTimeout`` -> ``RetryableAdapterError``:
   raised while opening the connection, so no byte of the request left this process.
 * The attempt's total time limit (``request.gate.remaining()``) spent while writing
@@ -83,6 +84,7 @@ from effect_broker.adapters.http_attempt import (
     AttemptGuard,
     AttemptTimeLimitError,
     GatedTransport,
+    WireTransport,
 )
 from effect_broker.domain.canonical import canonical_json, parse_json_strict
 from effect_broker.domain.contracts import EffectContract, parse_duration
@@ -248,10 +250,9 @@ class HttpAdapter(EffectAdapter):
             # retries=0: httpx's only retry is on connect, but "no hidden retry
             # layers" (spec MVP scope) is a rule, not a default we rely on. The gate
             # wraps whatever transport is used, so the check at the wire is never
-            # skipped (http_attempt.py).
-            transport=GatedTransport(
-                transport or httpx.HTTPTransport(retries=0, limits=limits)
-            ),
+            # skipped; the default one writes headers and body in one write, checked
+            # immediately before it (http_attempt.py).
+            transport=GatedTransport(transport or WireTransport(limits=limits)),
             timeout=self._timeout,
             follow_redirects=False,
             # An environment proxy would answer for the target (a 502 for what was a
@@ -371,7 +372,10 @@ class HttpAdapter(EffectAdapter):
             headers[self.fencing_header] = str(request.fencing_token)
             headers[ATTEMPT_ID_HEADER] = request.attempt_id
         body = canonical_json(dict(request.arguments))
-        guard = AttemptGuard(request.gate)
+        effect = request.effect
+        guard = AttemptGuard(
+            request.gate, subject=f"{effect.tenant_id}/{effect.operation_key}"
+        )
         if guard.spent():
             raise SendRefusedError(
                 "the attempt's time limit was spent before anything was sent",

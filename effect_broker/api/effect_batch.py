@@ -14,6 +14,7 @@ from ninja import Field, Router, Schema
 from pydantic import ConfigDict
 
 from effect_broker.api.effects import SubmitIn, SubmitKeyAuth, _declared_length, _tenant
+from effect_broker.api.idempotency_key import HEADER
 from effect_broker.api.problems import domain_problem
 from effect_broker.api.rate_limit import submit_limiter
 from effect_broker.api.schemas import EffectOut, ProblemOut, effect_out, with_problems
@@ -112,10 +113,19 @@ def _item_out(result: BatchItemResult) -> dict[str, Any]:
     "/v1/effects/batch",
     response=with_problems({200: BatchOut}, 403, 415, 429),
     summary="Reserve many effects in one commit; a result per item (created, replayed "
-    "or conflict)",
+    "or conflict); an Idempotency-Key header is refused (400): each item has its key",
     auth=SubmitKeyAuth(),
 )
 def submit_batch(request: HttpRequest, body: BatchSubmitIn) -> dict[str, Any]:
+    if HEADER in request.headers:
+        # One header cannot key many operations, and keying only the first item would
+        # be a guess; each item carries its own operation_key (issue 21).
+        raise InvalidRequestError(
+            f"{HEADER} names one operation; a batch takes each item's operation_key "
+            "in its body. Send the batch without the header, or submit one effect per "
+            "request with it",
+            field=HEADER,
+        )
     tenant = _tenant(request)
     _charge_items(request, str(tenant.pk), len(body.items))
     results = submit_many(

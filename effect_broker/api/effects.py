@@ -10,15 +10,23 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, cast
 
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema, Status
 from ninja.security import HttpBearer
 from pydantic import ConfigDict
 
-from effect_broker.api.rate_limit import submit_limiter
+from effect_broker.api.idempotency_key import (
+    IDEMPOTENCY_KEY_PARAMETER,
+    REPLAYED_HEADER,
+    SUBMIT_RESPONSE_HEADERS,
+    operation_key,
+    with_policy_link,
+)
+from effect_broker.api.problems import domain_error
+from effect_broker.api.rate_limit import charge_submit
 from effect_broker.api.schemas import EffectOut, effect_out, with_problems
+from effect_broker.domain.errors import PayloadConflictError
 from effect_broker.domain.keys import MAX_OPERATION_KEY_LENGTH
-from effect_broker.domain.rate_limit import submit_cost
 from effect_broker.domain.records import (
     MAX_REQUESTED_BY_LENGTH,
     MAX_TOOL_LENGTH,
@@ -46,8 +54,7 @@ class SubmitKeyAuth(ApiKeyAuth):
 
     def authenticate(self, request: HttpRequest, token: str) -> Tenant:
         tenant = authenticate(token)
-        if (limiter := submit_limiter()) is not None:
-            limiter.charge(str(tenant.pk), submit_cost(_declared_length(request)))
+        charge_submit(str(tenant.pk), _declared_length(request))
         return tenant
 
 
@@ -84,6 +91,21 @@ class SubmitIn(Schema):
     arguments: dict[str, Any]
     trace_id: str | None = Field(default=None, max_length=MAX_TRACE_ID_LENGTH)
     requested_by: str = Field(default="", max_length=MAX_REQUESTED_BY_LENGTH)
+
+
+class SubmitOneIn(SubmitIn):
+    """POST /v1/effects body: ``operation_key`` may instead come in the
+    ``Idempotency-Key`` header (issue 21); one of the two is required."""
+
+    operation_key: str | None = Field(  # type: ignore[assignment]
+        default=None,
+        min_length=1,
+        max_length=MAX_OPERATION_KEY_LENGTH,
+        description="The business operation's identity, the same on every retry; or "
+        "send it in the Idempotency-Key header (then drift is 422, not 409). "
+        "Printable characters only, no leading or trailing whitespace; neither, or "
+        "a header and a body that disagree: 400 invalid_request.",
+    )
 
 
 class ListFilters(Schema):
@@ -147,23 +169,39 @@ class ReceiptOut(Schema):
 @router.post(
     "/v1/effects",
     response=with_problems({200: EffectOut, 202: EffectOut}, 403, 409, 415, 429),
-    summary="Reserve an effect (202 new, 200 replay, 409 payload drift)",
+    summary="Reserve an effect (202 new, 200 replay, 409 payload drift; 422 when the "
+    "key came in Idempotency-Key)",
     auth=SubmitKeyAuth(),
+    openapi_extra={
+        "parameters": [IDEMPOTENCY_KEY_PARAMETER],
+        "responses": SUBMIT_RESPONSE_HEADERS,
+    },
 )
-def submit_effect(request: HttpRequest, body: SubmitIn) -> Status[dict[str, Any]]:
-    reservation = submit(
-        _tenant(request),
-        EffectRequest(
-            operation_key=body.operation_key,
-            tool=body.tool,
-            arguments=body.arguments,
-            requested_by=body.requested_by,
-            trace_id=body.trace_id,
-        ),
-    )
-    status = 202 if reservation.created else 200
+def submit_effect(request: HttpRequest, body: SubmitOneIn, response: HttpResponse) -> Any:
+    key = operation_key(request, body.operation_key)
+    try:
+        reservation = submit(
+            _tenant(request),
+            EffectRequest(
+                operation_key=key.value,
+                tool=body.tool,
+                arguments=body.arguments,
+                requested_by=body.requested_by,
+                trace_id=body.trace_id,
+            ),
+        )
+    except PayloadConflictError as exc:
+        if not key.from_header:
+            raise  # the product spec's 409, for a key sent in the body
+        # The draft: "reuse of an idempotency key with a different request payload"
+        # is 422. Same code, same members; only the status follows how it was sent.
+        return with_policy_link(domain_error(request, exc, status=422))
+    with_policy_link(response)
+    if reservation.replayed:
+        # Every replay says so, whichever way the key came (the draft's header).
+        response[REPLAYED_HEADER] = "true"
     return Status(
-        status,
+        202 if reservation.created else 200,
         effect_out(
             reservation.effect, created=reservation.created, replayed=reservation.replayed
         ),

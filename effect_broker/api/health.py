@@ -6,6 +6,10 @@ database outage never gets a healthy API process restarted.
 ``/readyz`` is readiness: this deployment can accept work and get it done. It fails
 (503 problem+json, ``code: not_ready``, one ``reasons`` entry per failure) when
 
+* the process's connection pool lends no connection within
+  ``POOL_CHECK_SECONDS`` (issue 19: with its pool drained by a leak, every REST call
+  was a 503 while the process still looked healthy; the Docker image and compose
+  health-check this route, so such a process is reported unhealthy);
 * PostgreSQL does not answer, or migrations are not applied;
 * the contracts file is invalid (every submit would be a 500; issue 11);
 * no worker has sent a heartbeat within ``EFFECT_BROKER_READY_WORKER_SECONDS``
@@ -29,6 +33,11 @@ from effect_broker.api.problems import problem
 from effect_broker.api.schemas import with_problems
 
 router = Router(tags=["health"])
+
+#: How long ``/readyz`` waits for the pool to lend a connection: short, since a
+#: probe has a timeout of its own (3 s in the Dockerfile) and a healthy pool with
+#: requests in flight lends one in milliseconds.
+POOL_CHECK_SECONDS = 1.0
 
 
 @router.get(
@@ -60,6 +69,11 @@ def readyz(request: HttpRequest) -> HttpResponse | dict[str, str]:
 def not_ready_reasons() -> list[dict[str, str]]:
     """Why this deployment is not ready (empty: ready)."""
     reasons = _contract_reasons()
+    pool_reason = _pool_reason()
+    if pool_reason is not None:
+        # Every check below would wait the pool's own timeout for the same answer.
+        reasons.append(pool_reason)
+        return reasons
     try:
         executor = MigrationExecutor(connection)
         pending = executor.migration_plan(executor.loader.graph.leaf_nodes())
@@ -93,6 +107,29 @@ def not_ready_reasons() -> list[dict[str, str]]:
                     }
                 )
     return reasons
+
+
+def _pool_reason() -> dict[str, str] | None:
+    """Why the connection pool cannot lend a connection now (None: it can, or this
+    process has no pool). Borrows one with a short timeout and gives it back."""
+    # Django's PostgreSQL wrapper: its pool, or None when it has none configured.
+    pool = getattr(connection, "pool", None)
+    if pool is None:
+        return None
+    try:
+        pool.open()  # as Django does before it borrows: the pool opens on first use
+        with pool.connection(timeout=POOL_CHECK_SECONDS):
+            return None
+    except Exception as exc:  # PoolTimeout, or a failed connect: not ready either way
+        stats = pool.get_stats()
+        lent = stats.get("pool_size", 0) - stats.get("pool_available", 0)
+        return {
+            "check": "database_pool",
+            "detail": (
+                f"the connection pool lent no connection within {POOL_CHECK_SECONDS:g}s "
+                f"({lent} of {pool.max_size} lent; {type(exc).__name__})"
+            ),
+        }
 
 
 def _live_workers(window: float) -> int:

@@ -21,7 +21,9 @@ from psycopg_pool import PoolTimeout
 
 from effect_broker.domain.canonical import canonical_json, parse_json_strict
 from effect_broker.domain.errors import (
+    ERROR_CODES,
     AuthenticationError,
+    DatabaseConflictError,
     EffectBrokerError,
     InvalidJsonError,
     OverloadedError,
@@ -76,12 +78,58 @@ class StrictJsonParser(Parser):
         return value
 
 
+#: Codes a surface answers that are no domain error: code -> (status, meaning, what
+#: to do). With ``ERROR_CODES`` they are every code the API can emit (``catalogue``).
+SURFACE_CODES: dict[str, tuple[int, str, str]] = {
+    "internal_error": (
+        500,
+        "A fault of the broker's own; the detail is only in the server log.",
+        "Resending with the same operation key is safe: it reserves the effect or "
+        "replays the one an earlier request reserved. Report it with the time.",
+    ),
+    "http_error": (
+        400,
+        "The HTTP stack refused the request with this status before the broker's "
+        "code ran; `detail` is the status's phrase.",
+        "Read the status and `detail`, fix the request and resend.",
+    ),
+    "not_ready": (
+        503,
+        "This broker is not ready to serve (answered by /readyz only); `reasons` "
+        "lists what is missing.",
+        "Wait and ask again: database, migrations, contracts or a live worker is "
+        "missing. A load balancer routes elsewhere meanwhile.",
+    ),
+}
+
+
+def catalogue() -> dict[str, tuple[int, str, str]]:
+    """Every code the API can emit: code -> (status, meaning, what to do)."""
+    found = {
+        code: (cls.http_status, cls.default_message(), cls.remedy)
+        for code, cls in ERROR_CODES.items()
+    }
+    return dict(sorted({**found, **SURFACE_CODES}.items()))
+
+
+def problem_type(code: str) -> str:
+    """The problem's ``type``: the page that explains ``code`` and what to do.
+
+    By default ``/problems/{code}``, a page every broker serves itself
+    (``effect_broker.api.problem_pages``): a relative reference, which RFC 9457
+    resolves against the request's URI, so it resolves wherever the answer came
+    from with no docs host to keep alive. ``EFFECT_BROKER_PROBLEM_BASE_URL`` makes
+    it absolute (a published docs page, e.g. ``.../reference/errors.html#``).
+    """
+    return f"{settings.EFFECT_BROKER_PROBLEM_BASE_URL}{code}"
+
+
 def problem_document(
     status: int, code: str, detail: str, **extra: object
 ) -> dict[str, object]:
     """The RFC 9457 problem document."""
     return {
-        "type": f"https://effect-broker.invalid/problems/{code}",
+        "type": problem_type(code),
         "title": code.replace("_", " "),
         "status": status,
         "code": code,
@@ -168,9 +216,14 @@ def domain_problem(exc: EffectBrokerError) -> dict[str, object]:
     return problem_document(exc.http_status, exc.code, str(exc), **_problem_details(exc))
 
 
-def domain_error(request: HttpRequest, exc: EffectBrokerError) -> HttpResponse:
-    """A domain error as its problem: its code, message and scalar details."""
-    response = problem(exc.http_status, exc.code, str(exc), **_problem_details(exc))
+def domain_error(
+    request: HttpRequest, exc: EffectBrokerError, *, status: int | None = None
+) -> HttpResponse:
+    """A domain error as its problem: its code, message and scalar details (and its
+    own status, unless a surface's protocol says another: ``status``)."""
+    response = problem(
+        status or exc.http_status, exc.code, str(exc), **_problem_details(exc)
+    )
     # A refusal that names when to come back (rate_limited) says so in the header
     # clients and proxies read, not only in the body.
     if isinstance(wait := exc.details.get("retry_after_seconds"), int):
@@ -251,8 +304,14 @@ def _too_large(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
 
 
 def database_error(request: HttpRequest, exc: DjangoDatabaseError) -> HttpResponse:
-    """A database error: 503 ``overloaded`` when no connection was free, else 500.
+    """A database error: 503 ``overloaded`` when no connection was free, 503
+    ``database_conflict`` for a deadlock or serialization failure, else 500.
     (``effect_broker.api.database_unavailable`` answers an outage before this.)"""
+    # The store raises the conflict of a reservation as the domain error already;
+    # this catches one from any other statement: never a 500 for it (issue 19).
+    conflict = DatabaseConflictError.of(exc)
+    if conflict is not None:
+        return domain_error(request, conflict)
     return _refused_for_capacity(request, exc) or _unexpected(request, exc)
 
 

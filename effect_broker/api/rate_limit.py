@@ -1,5 +1,11 @@
 """Per-tenant submit rate limit: 429 ``rate_limited`` with ``Retry-After`` (issue 12).
 
+One limiter for every surface (issue 19: MCP proxy calls skipped it, 30 of 30 accepted
+where REST accepted 5): a REST submit and an MCP proxy call (which submits) are both
+charged through ``charge_submit`` to the same per-tenant bucket; MCP answers a refusal
+as a ``rate_limited`` tool error whose text and structured content carry
+``retry_after_seconds``.
+
 Four clients of one tenant sending maximal submits pushed every other caller's
 latency up by two orders of magnitude. The limit is charged at authentication, before
 the body is parsed, canonicalised, encrypted or written, so a refused submit costs
@@ -25,7 +31,12 @@ from collections.abc import Callable
 from django.conf import settings
 
 from effect_broker.domain.errors import RateLimitedError
-from effect_broker.domain.rate_limit import RateLimit, TokenBucket, retry_after_seconds
+from effect_broker.domain.rate_limit import (
+    RateLimit,
+    TokenBucket,
+    retry_after_seconds,
+    submit_cost,
+)
 
 
 class TenantRateLimiter:
@@ -82,3 +93,10 @@ def submit_limiter() -> TenantRateLimiter | None:
         _limiter = TenantRateLimiter(RateLimit(rate=rate, burst=max(1.0, burst)))
         _configured = (rate, burst)
     return _limiter
+
+
+def charge_submit(tenant_id: str, body_bytes: int) -> None:
+    """Charge one submit of ``body_bytes`` to the tenant's bucket, whichever surface it
+    came from; raise ``RateLimitedError`` when the tenant is over its rate."""
+    if (limiter := submit_limiter()) is not None:
+        limiter.charge(tenant_id, submit_cost(body_bytes))

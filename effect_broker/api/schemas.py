@@ -9,7 +9,7 @@ from typing import Any
 from ninja import Schema
 from pydantic import ConfigDict
 
-from effect_broker.api.problems import PROBLEM_JSON
+from effect_broker.api.problems import PROBLEM_JSON, problem_type
 from effect_broker.domain.records import EffectRecord
 from effect_broker.services.inspection import ForkLinks
 
@@ -26,7 +26,7 @@ class ProblemOut(Schema):
         json_schema_extra={
             "examples": [
                 {
-                    "type": "https://effect-broker.invalid/problems/unstorable_text",
+                    "type": "/problems/unstorable_text",
                     "title": "unstorable text",
                     "status": 422,
                     "code": "unstorable_text",
@@ -147,7 +147,7 @@ def problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:
                 if example is not None:
                     code, detail = example
                     media["example"] = {
-                        "type": f"https://effect-broker.invalid/problems/{code}",
+                        "type": problem_type(code),
                         "title": code.replace("_", " "),
                         "status": int(status),
                         "code": code,

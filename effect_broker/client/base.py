@@ -77,20 +77,26 @@ class SyncBrokerOps(ABC):
 
     def perform(
         self,
-        tool: str,
         operation_key: str,
-        arguments: Mapping[str, Any],
-        *,
+        *positional: object,
+        tool: str | None = None,
+        arguments: Mapping[str, Any] | None = None,
         timeout: float = DEFAULT_WAIT,
         trace_id: str | None = None,
         requested_by: str = "",
     ) -> dict[str, Any]:
-        """Submit, wait, and return the receipt's result.
+        """Submit, wait, and return the receipt's result:
+        ``perform(operation_key, tool=..., arguments=...)``.
+
+        The operation key comes first, as in ``submit``; the rest is by keyword, so
+        the old ``perform(tool, operation_key, arguments)`` order is a ``TypeError``
+        that says so instead of a submit of the wrong tool (issue 23).
 
         Raises ``OutcomeUnknown`` (never a result, never ``EffectFailed``) when nobody
         knows whether the effect happened, ``EffectFailed`` when it ended
         ``failed_final`` (its message says whether that is proof it did not happen).
         """
+        tool, arguments = _keywords_only(positional, tool, arguments)
         submitted = self.submit(
             operation_key, tool, arguments, trace_id=trace_id, requested_by=requested_by
         )
@@ -134,9 +140,9 @@ class SyncBrokerOps(ABC):
             def call(*args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
                 values = named(args, kwargs)
                 return self.perform(
-                    tool,
                     key(**values),
-                    arguments(**values) if arguments else values,
+                    tool=tool,
+                    arguments=arguments(**values) if arguments else values,
                     timeout=timeout,
                 )
 
@@ -190,15 +196,16 @@ class AsyncBrokerOps(ABC):
 
     async def perform(
         self,
-        tool: str,
         operation_key: str,
-        arguments: Mapping[str, Any],
-        *,
+        *positional: object,
+        tool: str | None = None,
+        arguments: Mapping[str, Any] | None = None,
         timeout: float = DEFAULT_WAIT,
         trace_id: str | None = None,
         requested_by: str = "",
     ) -> dict[str, Any]:
         """Submit, wait, return the receipt's result; see ``SyncBrokerOps.perform``."""
+        tool, arguments = _keywords_only(positional, tool, arguments)
         submitted = await self.submit(
             operation_key, tool, arguments, trace_id=trace_id, requested_by=requested_by
         )
@@ -235,15 +242,31 @@ class AsyncBrokerOps(ABC):
             async def call(*args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
                 values = named(args, kwargs)
                 return await self.perform(
-                    tool,
                     key(**values),
-                    arguments(**values) if arguments else values,
+                    tool=tool,
+                    arguments=arguments(**values) if arguments else values,
                     timeout=timeout,
                 )
 
             return call
 
         return decorate
+
+
+def _keywords_only(
+    positional: tuple[object, ...],
+    tool: str | None,
+    arguments: Mapping[str, Any] | None,
+) -> tuple[str, Mapping[str, Any]]:
+    """``perform``'s tool and arguments, or a TypeError that shows the call to write."""
+    if positional or tool is None or arguments is None:
+        raise TypeError(
+            "perform() takes the operation key first and the rest by keyword: "
+            "perform(operation_key, tool=..., arguments=...) - the same order as "
+            "submit(operation_key, tool, arguments); perform(tool, operation_key, "
+            "arguments) is no longer accepted"
+        )
+    return tool, arguments
 
 
 def _named_arguments(

@@ -131,6 +131,12 @@ class PayloadTooLarge(BrokerError):
     mirrors = domain.PayloadTooLargeError
 
 
+class RequestTimeout(BrokerError):
+    """The request body did not reach the broker in time; nothing was done."""
+
+    mirrors = domain.RequestTimeoutError
+
+
 class UnsupportedMediaType(BrokerError):
     """The body was not sent as ``application/json``."""
 
@@ -261,10 +267,30 @@ class EmbeddedPostgresUnavailable(BrokerError):
     mirrors = domain.EmbeddedPostgresError
 
 
+class OriginNotAllowed(BrokerError):
+    """The request's Origin is not one the MCP endpoint serves (403)."""
+
+    mirrors = domain.OriginNotAllowedError
+
+
 class InvalidSecretRef(BrokerError):
     """A ``{"$secret": ...}`` argument is malformed (422); nothing was stored."""
 
     mirrors = domain.InvalidSecretRefError
+
+
+class ContractsUnavailable(BrokerError):
+    """The broker cannot load its contracts (503); nothing was done. Retry later with
+    the same operation key."""
+
+    mirrors = domain.ContractsUnavailableError
+
+
+class SecretRefNotDeclared(BrokerError):
+    """A ``{"$secret": ...}`` argument names a secret the contract does not declare
+    for this tenant (422); nothing was stored."""
+
+    mirrors = domain.SecretRefNotDeclaredError
 
 
 class SecretUnavailable(BrokerError):
@@ -295,6 +321,15 @@ class DatabaseUnavailable(BrokerError):
     the same operation key a resend reserves the effect or replays it."""
 
     mirrors = domain.DatabaseUnavailableError
+
+
+class DatabaseConflict(BrokerError):
+    """The broker's database cancelled the request for a concurrent one (503
+    ``database_conflict`` with ``Retry-After``: a deadlock or serialization failure);
+    nothing was recorded. The client resends it like any 5xx: with the same operation
+    key a resend reserves the effect or replays it."""
+
+    mirrors = domain.DatabaseConflictError
 
 
 class AdapterFailed(BrokerError):

@@ -143,7 +143,14 @@ class BrokerClient(SyncBrokerOps):
         body = wire.submit_body(
             operation_key, tool, arguments, trace_id=trace_id, requested_by=requested_by
         )
-        return Effect.from_wire(self._send("POST", wire.EFFECTS, content=body))
+        return Effect.from_wire(
+            self._send(
+                "POST",
+                wire.EFFECTS,
+                content=body,
+                headers=wire.idempotency_key_header(operation_key),
+            )
+        )
 
     def submit_many(self, items: Sequence[BatchItem]) -> list[BatchResult]:
         """``POST /v1/effects/batch``: reserve many effects in one request and one
@@ -180,6 +187,7 @@ class BrokerClient(SyncBrokerOps):
         *,
         content: bytes | None = None,
         params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
         resends = _Resends(self._retry, self._rand)
         resend = 0
@@ -190,7 +198,10 @@ class BrokerClient(SyncBrokerOps):
                     path,
                     content=content,
                     params=params,
-                    headers={"Content-Type": "application/json"} if content else None,
+                    headers={
+                        **({"Content-Type": "application/json"} if content else {}),
+                        **(headers or {}),
+                    },
                 )
             except httpx.TransportError as exc:
                 wait, why = resends.after_error(method, path, resend, exc)
@@ -261,7 +272,14 @@ class AsyncBrokerClient(AsyncBrokerOps):
         body = wire.submit_body(
             operation_key, tool, arguments, trace_id=trace_id, requested_by=requested_by
         )
-        return Effect.from_wire(await self._send("POST", wire.EFFECTS, content=body))
+        return Effect.from_wire(
+            await self._send(
+                "POST",
+                wire.EFFECTS,
+                content=body,
+                headers=wire.idempotency_key_header(operation_key),
+            )
+        )
 
     async def submit_many(self, items: Sequence[BatchItem]) -> list[BatchResult]:
         """``POST /v1/effects/batch``; see ``BrokerClient.submit_many``."""
@@ -294,6 +312,7 @@ class AsyncBrokerClient(AsyncBrokerOps):
         *,
         content: bytes | None = None,
         params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
         resends = _Resends(self._retry, self._rand)
         resend = 0
@@ -304,7 +323,10 @@ class AsyncBrokerClient(AsyncBrokerOps):
                     path,
                     content=content,
                     params=params,
-                    headers={"Content-Type": "application/json"} if content else None,
+                    headers={
+                        **({"Content-Type": "application/json"} if content else {}),
+                        **(headers or {}),
+                    },
                 )
             except httpx.TransportError as exc:
                 wait, why = resends.after_error(method, path, resend, exc)

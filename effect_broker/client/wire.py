@@ -40,6 +40,20 @@ def headers(api_key: str) -> dict[str, str]:
     }
 
 
+IDEMPOTENCY_KEY = "Idempotency-Key"
+
+
+def idempotency_key_header(operation_key: str) -> dict[str, str]:
+    """The operation key as the draft's ``Idempotency-Key`` header (an RFC 9651
+    String), sent with the same key in the body: a broker that reads the header
+    answers drift with the draft's 422, an older one reads the body. A key outside
+    printable ASCII cannot be a String and travels in the body only."""
+    if not all(" " <= char <= "~" for char in operation_key):
+        return {}
+    quoted = operation_key.replace("\\", "\\\\").replace('"', '\\"')
+    return {IDEMPOTENCY_KEY: f'"{quoted}"'}
+
+
 def effect_path(effect_id: str, *rest: str) -> str:
     """``/v1/effects/{id}[/rest]``, the id escaped so it cannot name another path."""
     return "/".join((EFFECTS, quote(str(effect_id), safe=""), *rest))

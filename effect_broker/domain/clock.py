@@ -4,9 +4,10 @@ Three readings, for three different jobs:
 
 * ``now()``: the wall clock, for stamps a person reads (event times). Never used to
   decide anything another process relies on: hosts disagree.
-* ``monotonic()``: seconds on a clock that cannot jump (``time.monotonic``). A worker
-  proves it still holds its lease with it (the send gate): a paused, suspended or
-  clock-stepped host cannot make an old claim look young.
+* ``monotonic()``: seconds on a clock that cannot jump and keeps counting while the
+  host is suspended (``lease_seconds``, below). A worker proves it still holds its
+  lease with it (the send gate): a paused, suspended or clock-stepped host cannot make
+  an old claim look young.
 * ``database_offset()``: added to the database server's clock wherever leases,
   retention and settlement deadlines are written or compared (in SQL). Zero in
   production, so one clock, the database's, decides; a test clock that was moved
@@ -15,9 +16,47 @@ Three readings, for three different jobs:
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
+
+#: Per platform, the clock id that keeps counting while the host is suspended.
+_SUSPEND_COUNTING = (("linux", "CLOCK_BOOTTIME"), ("darwin", "CLOCK_MONOTONIC_RAW"))
+
+
+def _suspend_counting_clock() -> tuple[str, Callable[[], float]]:
+    """The host's clock that cannot jump and counts a suspend, and its name.
+
+    ``time.monotonic()`` is CLOCK_MONOTONIC on Linux and mach_absolute_time on macOS:
+    neither advances while the host is suspended (a laptop lid, a VM paused with
+    suspend), so a host resumed after its lease ran out would find its claim as
+    young as when it stopped and send late (issue 19, item 4c). Linux counts the
+    suspend in CLOCK_BOOTTIME, macOS in CLOCK_MONOTONIC_RAW (the clock libc++ moved
+    ``steady_clock`` to for this reason, LLVM D74341). Elsewhere (Windows, the BSDs)
+    ``time.monotonic()`` is what Python offers; whether it counts a suspend is the
+    platform's (README "What the guarantees rest on").
+    """
+    name = next((n for p, n in _SUSPEND_COUNTING if sys.platform.startswith(p)), "")
+    clock_id: int | None = getattr(time, name, None) if name else None
+    if clock_id is None:
+        return "time.monotonic", time.monotonic
+    chosen: int = clock_id
+
+    def read() -> float:
+        # Looked up at each call, so a test can move the clock a suspend moves.
+        return time.clock_gettime(chosen)
+
+    try:
+        read()
+    except OSError:  # a kernel without it (Linux < 2.6.39): the best Python offers
+        return "time.monotonic", time.monotonic
+    return name, read
+
+
+#: The name of the clock the send gate counts leases on (``CLOCK_BOOTTIME`` on Linux).
+LEASE_CLOCK_NAME, lease_seconds = _suspend_counting_clock()
 
 
 class Clock(Protocol):
@@ -28,7 +67,7 @@ class Clock(Protocol):
         ...
 
     def monotonic(self) -> float:
-        """Return seconds on a clock that never goes back or jumps."""
+        """Return seconds on a clock that is never set and counts a host suspend."""
         ...
 
     def database_offset(self) -> timedelta:
@@ -44,8 +83,8 @@ class SystemClock:
         return datetime.now(UTC)
 
     def monotonic(self) -> float:
-        """Return ``time.monotonic()``."""
-        return time.monotonic()
+        """Return ``lease_seconds()``: cannot jump, counts a suspend of the host."""
+        return lease_seconds()
 
     def database_offset(self) -> timedelta:
         """Zero: deadlines are the database server's own clock, unshifted."""

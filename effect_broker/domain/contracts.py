@@ -25,6 +25,9 @@ File format (``contracts.toml``)::
                                    # default EFFECT_BROKER_UNKNOWN_ALERT_AFTER_SECONDS
     adapter = "http"               # default "simulated"
     preview_fields = ["amount", "currency"]   # arguments shown unredacted
+    secrets = ["env:STRIPE_KEY"]   # {"$secret": ...} references any tenant may use
+    [contract.tenant_secrets]      # optional: references only one tenant may use,
+    acme = ["file:card-token"]     #   by tenant name (see domain/secret_refs.py)
     active = true                  # at most one active contract per tool; default true
     sandbox = false                # true: the target is a sandbox, so `contracts
                                    #   conform` may send it requests; default false
@@ -35,8 +38,11 @@ File format (``contracts.toml``)::
     description = "Charge a card"  # optional
     [contract.adapter_options]     # optional table, passed to the adapter as is
     url = "http://127.0.0.1:8081/charges"
-    [contract.mcp]                 # optional: the tool's face on the MCP server
-    expose = true                  # list and forward it; default true
+    [contract.mcp]                 # optional: the tool's face on the MCP server;
+                                   #   without this table the tool is not listed
+    expose = true                  # with the table: list and forward it (default)
+    destructive = true             # MCP destructiveHint; false for additive-only
+                                   #   tools (default true)
     description = "Charge a card once per order"   # default: the contract's
     # input_schema_file = "schemas/charge.json"  (relative to this file), or inline:
     [contract.mcp.input_schema]    # a JSON Schema of type "object"
@@ -133,8 +139,14 @@ from typing import Any, NoReturn
 
 import jsonschema
 
-from effect_broker.domain.errors import ContractError, UnknownContractError
+from effect_broker.domain import contract_fields
+from effect_broker.domain.errors import (
+    ContractError,
+    InvalidSecretRefError,
+    UnknownContractError,
+)
 from effect_broker.domain.keys import KEY_ALPHABETS, spell_key
+from effect_broker.domain.secret_refs import parse_ref_text
 from effect_broker.domain.states import SafetyClass
 from effect_broker.domain.upstream import (
     McpUpstream,
@@ -188,6 +200,9 @@ class McpFace:
     description: str = ""
     #: The receipt result's JSON Schema ("" when the contract declares none).
     output_schema_json: str = ""
+    #: MCP's ``destructiveHint``: false only when the contract says the tool's effect
+    #: is additive (it may change nothing it did not create).
+    destructive: bool = True
 
     @property
     def input_schema(self) -> dict[str, Any]:
@@ -233,6 +248,13 @@ class EffectContract:
     mcp: McpFace | None = None
     #: The upstream MCP server and tool (``adapter = "mcp"`` only).
     upstream: McpUpstream | None = None
+    #: ``{"$secret": ...}`` references ("env:NAME", "file:NAME") every tenant may use;
+    #: any other is refused at submit (domain/secret_refs.py, issue 19 item 11).
+    secrets: tuple[str, ...] = ()
+    #: References only the named tenant may use, by tenant name.
+    tenant_secrets: Mapping[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
     #: The target is a sandbox: ``contracts conform`` may send it real requests
     #: without ``--yes-send-requests`` (issue 22, item 1).
     sandbox: bool = False
@@ -302,6 +324,38 @@ class EffectContract:
         if self.mcp is not None and not isinstance(self.mcp, McpFace):
             self._fail("mcp", "must be an McpFace")
         self._check_upstream()
+        object.__setattr__(self, "secrets", self._ref_list("secrets", self.secrets))
+        if not isinstance(self.tenant_secrets, Mapping):
+            self._fail("tenant_secrets", "must be a table of tenant name = [references]")
+        per_tenant = {
+            tenant: self._ref_list(f"tenant_secrets.{tenant}", refs)
+            for tenant, refs in self.tenant_secrets.items()
+        }
+        object.__setattr__(self, "tenant_secrets", MappingProxyType(per_tenant))
+
+    def _ref_list(self, field_name: str, value: object) -> tuple[str, ...]:
+        if not isinstance(value, list | tuple):
+            self._fail(field_name, 'must be a list such as ["env:STRIPE_KEY"]')
+        for item in value:
+            try:
+                parse_ref_text(item, field=field_name)
+            except InvalidSecretRefError:
+                self._fail(
+                    field_name,
+                    f"{item!r} is not a secret reference: write 'env:NAME' or "
+                    "'file:NAME' (one file name, no path)",
+                )
+        return tuple(value)
+
+    def declared_secrets(self, tenant_name: str) -> frozenset[str]:
+        """The references ``tenant_name`` may use in this contract's arguments."""
+        for_tenant = self.tenant_secrets.get(tenant_name, ())
+        return frozenset(self.secrets) | frozenset(for_tenant)
+
+    @property
+    def label(self) -> str:
+        """``name@version``, as errors and events name a pinned contract."""
+        return f"{self.name}@{self.version}"
 
     def _check_key_spelling(self) -> None:
         if self.key_alphabet not in KEY_ALPHABETS:
@@ -480,36 +534,10 @@ class ContractRegistry:
         return f"<ContractRegistry {len(self)} contracts, tools={self.tools()}>"
 
 
-_FIELDS = (
-    "name",
-    "version",
-    "tool",
-    "safety",
-    "retry_limit",
-    "key_retention",
-    "settlement_bound",
-    "backoff_initial",
-    "backoff_max",
-    "attempt_timeout",
-    "unknown_alert_after",
-    "adapter",
-    "adapter_options",
-    "preview_fields",
-    "active",
-    "description",
-    "mcp",
-    "upstream",
-    "sandbox",
-    "key_template",
-    "key_alphabet",
-)
-_MCP_FIELDS = (
-    "expose",
-    "description",
-    "input_schema",
-    "input_schema_file",
-    "output_schema",
-)
+# The allowed keys come from the one definition of the fields (``contract_fields``),
+# which also makes the editors' JSON Schema and the docs' reference.
+_FIELDS = contract_fields.names(contract_fields.CONTRACT)
+_MCP_FIELDS = contract_fields.names(contract_fields.MCP)
 _DURATION_FIELDS = (
     "key_retention",
     "settlement_bound",
@@ -585,6 +613,13 @@ def _parse_one(raw: object, index: int, source: str) -> EffectContract:
         )
     if "preview_fields" in table and not isinstance(table["preview_fields"], list):
         raise error("must be a list of strings", "preview_fields", label, version)
+    if "tenant_secrets" in table and not isinstance(table["tenant_secrets"], dict):
+        raise error(
+            "must be a table ([contract.tenant_secrets]) of tenant name = [references]",
+            "tenant_secrets",
+            label,
+            version,
+        )
     if "mcp" in table:
         try:
             values["mcp"] = _parse_mcp(table["mcp"], source)
@@ -615,6 +650,9 @@ def _parse_mcp(raw: object, source: str) -> McpFace:
     expose = raw.get("expose", True)
     if not isinstance(expose, bool):
         raise ValueError("mcp.expose: must be true or false")
+    destructive = raw.get("destructive", True)
+    if not isinstance(destructive, bool):
+        raise ValueError("mcp.destructive: must be true or false")
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise ValueError("mcp.description: must be a string")
@@ -655,6 +693,7 @@ def _parse_mcp(raw: object, source: str) -> McpFace:
         expose=expose,
         description=description,
         output_schema_json=output_json,
+        destructive=destructive,
     )
 
 

@@ -17,6 +17,9 @@ class EffectBrokerError(Exception):
 
     code: ClassVar[str] = "effect_broker_error"
     http_status: ClassVar[int] = 400
+    #: What the caller (or an operator) does about it: the "what to do" of the
+    #: code's page, which a problem's ``type`` URI points at (issue 21).
+    remedy: ClassVar[str] = ""
 
     def __init__(self, message: str | None = None, **details: object) -> None:
         self.message: str = message if message is not None else self.default_message()
@@ -61,6 +64,10 @@ class InvalidJsonError(EffectBrokerError):
 
     code = "invalid_json"
     http_status = 400
+    remedy = (
+        "Send one JSON object: no duplicate keys, no NaN or Infinity, no trailing "
+        "text. Fix the body and resend; nothing was recorded."
+    )
 
 
 class NumberOutOfRangeError(InvalidJsonError):
@@ -70,6 +77,10 @@ class NumberOutOfRangeError(InvalidJsonError):
 
     code = "number_out_of_range"
     http_status = 400
+    remedy = (
+        "Send money and large numbers as minor-unit integers or as strings, within "
+        "±(2**53-1). Fix the value and resend; nothing was recorded."
+    )
 
 
 class InvalidRequestError(EffectBrokerError):
@@ -77,6 +88,11 @@ class InvalidRequestError(EffectBrokerError):
 
     code = "invalid_request"
     http_status = 400
+    remedy = (
+        "Read `detail` and `field`: they name what to change (a missing or "
+        "malformed operation key, a refused header, evidence a resolution needs). "
+        "Fix it and resend; nothing was recorded."
+    )
 
 
 class UnstorableTextError(EffectBrokerError):
@@ -89,6 +105,10 @@ class UnstorableTextError(EffectBrokerError):
 
     code = "unstorable_text"
     http_status = 422
+    remedy = (
+        "Remove the NUL (U+0000) or lone surrogate from the field `field` names, "
+        "then resend; nothing was recorded."
+    )
 
 
 class ArgumentsTooLargeError(EffectBrokerError):
@@ -99,6 +119,11 @@ class ArgumentsTooLargeError(EffectBrokerError):
 
     code = "arguments_too_large"
     http_status = 422
+    remedy = (
+        "Shrink the arguments below the cap `cap` and `limit` name (keys, depth or "
+        "string length), or pass a reference to the data instead of the data; "
+        "nothing was recorded."
+    )
 
 
 class UnknownFieldError(EffectBrokerError):
@@ -110,6 +135,11 @@ class UnknownFieldError(EffectBrokerError):
 
     code = "unknown_field"
     http_status = 422
+    remedy = (
+        "Remove the field `field` names (the tenant comes from the API key, never "
+        "the body); check its spelling against the API reference; nothing was "
+        "recorded."
+    )
 
 
 class PayloadTooLargeError(EffectBrokerError):
@@ -120,6 +150,26 @@ class PayloadTooLargeError(EffectBrokerError):
 
     code = "payload_too_large"
     http_status = 413
+    remedy = (
+        "Send a smaller body (under EFFECT_BROKER_MAX_BODY_BYTES), e.g. fewer batch "
+        "items or a reference instead of inline data; nothing was read or recorded."
+    )
+
+
+class RequestTimeoutError(EffectBrokerError):
+    """The request body did not arrive in time; nothing was done, send it again.
+
+    A body must arrive within a deadline and at a minimum rate (api/body_limit.py):
+    a trickled body would otherwise hold its connection for as long as it trickles.
+    """
+
+    code = "request_timeout"
+    http_status = 408
+    remedy = (
+        "The request body arrived too slowly (over EFFECT_BROKER_BODY_TIMEOUT in "
+        "total, or under EFFECT_BROKER_BODY_MIN_RATE); nothing was read or recorded "
+        "and the connection was closed. Resend the whole request on a new connection."
+    )
 
 
 class UnsupportedMediaTypeError(EffectBrokerError):
@@ -127,6 +177,7 @@ class UnsupportedMediaTypeError(EffectBrokerError):
 
     code = "unsupported_media_type"
     http_status = 415
+    remedy = "Send the body with `Content-Type: application/json`; nothing was recorded."
 
 
 class RouteNotFoundError(EffectBrokerError):
@@ -134,6 +185,10 @@ class RouteNotFoundError(EffectBrokerError):
 
     code = "route_not_found"
     http_status = 404
+    remedy = (
+        "Check the method and path against the API reference (the paths start with "
+        "/v1/); nothing was done."
+    )
 
 
 class MethodNotAllowedError(EffectBrokerError):
@@ -141,6 +196,7 @@ class MethodNotAllowedError(EffectBrokerError):
 
     code = "method_not_allowed"
     http_status = 405
+    remedy = "Use one of the methods the `Allow` header lists; nothing was done."
 
 
 class DisallowedHostError(EffectBrokerError):
@@ -148,6 +204,24 @@ class DisallowedHostError(EffectBrokerError):
 
     code = "disallowed_host"
     http_status = 400
+    remedy = (
+        "Call the broker by a host name in its ALLOWED_HOSTS (an operator sets it); "
+        "nothing was done."
+    )
+
+
+class OriginNotAllowedError(EffectBrokerError):
+    """The Origin header names a web origin this MCP endpoint does not serve
+    (``EFFECT_BROKER_MCP_ALLOWED_ORIGINS``)."""
+
+    code = "origin_not_allowed"
+    http_status = 403
+    remedy = (
+        "A browser page from an origin the broker does not trust called /mcp. Call it "
+        "from a trusted origin, or have the operator add that origin to "
+        "EFFECT_BROKER_MCP_ALLOWED_ORIGINS; clients that send no Origin header are "
+        "not affected."
+    )
 
 
 class InvalidSecretRefError(EffectBrokerError):
@@ -156,6 +230,24 @@ class InvalidSecretRefError(EffectBrokerError):
 
     code = "invalid_secret_ref"
     http_status = 422
+    remedy = (
+        'Write a secret reference as {"$secret": "env:NAME"} or {"$secret": '
+        '"file:NAME"}; nothing was recorded.'
+    )
+
+
+class SecretRefNotDeclaredError(EffectBrokerError):
+    """A secret reference names a secret the effect's contract does not declare for
+    this tenant; nothing was written."""
+
+    code = "secret_ref_not_declared"
+    http_status = 422
+    remedy = (
+        "The arguments name a secret reference the contract does not declare for your "
+        "tenant; nothing was recorded. Use a reference the contract lists in "
+        "`secrets` (or `tenant_secrets` for your tenant), or ask the operator to "
+        "declare it."
+    )
 
 
 class SecretUnavailableError(EffectBrokerError):
@@ -168,6 +260,11 @@ class SecretUnavailableError(EffectBrokerError):
 
     code = "secret_unavailable"
     http_status = 500
+    remedy = (
+        "An operator provides the secret to the worker (its environment or "
+        "EFFECT_BROKER_SECRETS_DIR). Nothing was sent; the effect ended and its "
+        "reason says which secret was missing."
+    )
 
 
 class PayloadConflictError(EffectBrokerError):
@@ -175,6 +272,14 @@ class PayloadConflictError(EffectBrokerError):
 
     code = "payload_conflict"
     http_status = 409
+    remedy = (
+        "This operation key already names an effect with other arguments. Inspect "
+        "that effect (`effect_id`, GET /v1/effects/{id}); if it is the operation "
+        "you meant, use its outcome. Never resubmit the new arguments under a fresh "
+        "key to get past this: that would be a second operation. Status 409 when "
+        "the key came in the body, 422 when it came in the Idempotency-Key header "
+        "(the draft's code)."
+    )
 
 
 # --- contracts ------------------------------------------------------------------------
@@ -185,6 +290,11 @@ class ContractError(EffectBrokerError):
 
     code = "invalid_contract"
     http_status = 500
+    remedy = (
+        "An operator fixes the contracts file at the place the message names "
+        "(`effect-broker contracts check`), then restarts or reloads; submits for "
+        "that contract fail until then."
+    )
 
     def __init__(
         self,
@@ -224,11 +334,29 @@ class ContractError(EffectBrokerError):
         )
 
 
+class ContractsUnavailableError(EffectBrokerError):
+    """The broker cannot load its contracts right now; nothing was done. Try again
+    later with the same operation key; the operator's log names the problem."""
+
+    code = "contracts_unavailable"
+    http_status = 503
+    remedy = (
+        "The broker could not load its contracts file, so it accepts no effect; "
+        "nothing was recorded. Retry later. Operators: run `effect-broker contracts "
+        "validate` on the file the broker reads (its log names the problem), fix it, "
+        "and restart the API and the workers."
+    )
+
+
 class UnknownContractError(EffectBrokerError):
     """No active contract matches this tool or contract version."""
 
     code = "unknown_contract"
     http_status = 422
+    remedy = (
+        "Call a tool an active contract declares, or ask an operator to deploy (or "
+        "restore) the contract version the message names; nothing was recorded."
+    )
 
 
 # --- ledger ---------------------------------------------------------------------------
@@ -239,6 +367,10 @@ class StaleWriteError(EffectBrokerError):
 
     code = "stale_write"
     http_status = 409
+    remedy = (
+        "The effect changed while you acted on it: read it again (GET "
+        "/v1/effects/{id}) and decide on its current state."
+    )
 
 
 class UnfencedWriteError(EffectBrokerError):
@@ -246,6 +378,10 @@ class UnfencedWriteError(EffectBrokerError):
 
     code = "unfenced_write"
     http_status = 500
+    remedy = (
+        "A fault of the broker's own (a ledger write without its version fence); "
+        "report it with the server log. Nothing was written."
+    )
 
 
 class IllegalTransitionError(EffectBrokerError):
@@ -253,6 +389,11 @@ class IllegalTransitionError(EffectBrokerError):
 
     code = "illegal_transition"
     http_status = 409
+    remedy = (
+        "The effect's current state does not allow this step (e.g. reconciling an "
+        "unsafe effect). Read its state; an operator resolves what the broker "
+        "cannot."
+    )
 
 
 class AppendOnlyError(EffectBrokerError):
@@ -260,6 +401,10 @@ class AppendOnlyError(EffectBrokerError):
 
     code = "append_only"
     http_status = 500
+    remedy = (
+        "Receipts and events are never changed or deleted; record a correction as a "
+        "new event (an operator resolution) instead."
+    )
 
 
 class EffectNotFoundError(EffectBrokerError):
@@ -267,6 +412,11 @@ class EffectNotFoundError(EffectBrokerError):
 
     code = "effect_not_found"
     http_status = 404
+    remedy = (
+        "Check the effect id, and that you use the API key of the tenant that "
+        "submitted it (another tenant's effect is not found). A receipt is 404 "
+        "until the effect has succeeded."
+    )
 
 
 class EventChainBrokenError(EffectBrokerError):
@@ -274,6 +424,10 @@ class EventChainBrokenError(EffectBrokerError):
 
     code = "event_chain_broken"
     http_status = 500
+    remedy = (
+        "The effect's stored history does not verify: stop acting on it and have an "
+        "operator investigate (`effect-broker doctor`, the server log)."
+    )
 
 
 class DecryptionError(EffectBrokerError):
@@ -281,6 +435,10 @@ class DecryptionError(EffectBrokerError):
 
     code = "decryption_failed"
     http_status = 500
+    remedy = (
+        "An operator checks the master keys (EFFECT_BROKER_MASTER_KEYS) the broker "
+        "runs with: a key that encrypted stored data is missing."
+    )
 
 
 # --- tenants and authentication -------------------------------------------------------
@@ -291,6 +449,7 @@ class TenantNotFoundError(EffectBrokerError):
 
     code = "tenant_not_found"
     http_status = 404
+    remedy = "Check the tenant's name or id (`effect-broker tenants list`)."
 
 
 class TenantDisabledError(EffectBrokerError):
@@ -298,6 +457,10 @@ class TenantDisabledError(EffectBrokerError):
 
     code = "tenant_disabled"
     http_status = 403
+    remedy = (
+        "An operator re-enables the tenant (`effect-broker tenants`), or use an "
+        "enabled tenant's key; nothing was done."
+    )
 
 
 class AuthenticationError(EffectBrokerError):
@@ -305,6 +468,10 @@ class AuthenticationError(EffectBrokerError):
 
     code = "unauthenticated"
     http_status = 401
+    remedy = (
+        "Send `Authorization: Bearer <key>` with a current key for this broker (a "
+        "tenant's API key, or an operator token for operator routes)."
+    )
 
 
 class CredentialInQueryError(EffectBrokerError):
@@ -316,6 +483,10 @@ class CredentialInQueryError(EffectBrokerError):
 
     code = "credential_in_query"
     http_status = 400
+    remedy = (
+        "Send the credential in the `Authorization` header, and rotate the one that "
+        "was sent in the URL: it may be in logs already."
+    )
 
 
 class RateLimitedError(EffectBrokerError):
@@ -327,6 +498,10 @@ class RateLimitedError(EffectBrokerError):
 
     code = "rate_limited"
     http_status = 429
+    remedy = (
+        "Wait the `Retry-After` seconds and resend with the same operation key; ask "
+        "an operator for a higher limit if this is steady load."
+    )
 
 
 class OperatorForbiddenError(EffectBrokerError):
@@ -338,6 +513,11 @@ class OperatorForbiddenError(EffectBrokerError):
 
     code = "operator_forbidden"
     http_status = 403
+    remedy = (
+        "Use an operator token of an active staff user with the "
+        "effect_broker.resolve_effect permission; a tenant's API key is never an "
+        "operator."
+    )
 
 
 # --- deployment -----------------------------------------------------------------------
@@ -348,6 +528,7 @@ class ConfigurationError(EffectBrokerError):
 
     code = "configuration"
     http_status = 500
+    remedy = "An operator fixes the setting the message names and restarts the broker."
 
 
 class EmbeddedPostgresError(EffectBrokerError):
@@ -355,6 +536,10 @@ class EmbeddedPostgresError(EffectBrokerError):
 
     code = "embedded_postgres"
     http_status = 500
+    remedy = (
+        "An operator checks the embedded PostgreSQL (its data directory, port and "
+        "log), or sets DATABASE_URL to a server."
+    )
 
 
 class OverloadedError(EffectBrokerError):
@@ -367,6 +552,10 @@ class OverloadedError(EffectBrokerError):
 
     code = "overloaded"
     http_status = 503
+    remedy = (
+        "Wait the `Retry-After` seconds and resend as it is (with the same "
+        "operation key): nothing was done."
+    )
 
 
 class DatabaseUnavailableError(EffectBrokerError):
@@ -380,6 +569,56 @@ class DatabaseUnavailableError(EffectBrokerError):
 
     code = "database_unavailable"
     http_status = 503
+    remedy = (
+        "Wait the `Retry-After` seconds and resend with the same operation key: "
+        "nothing was recorded, and a resend either reserves the effect or replays "
+        "it."
+    )
+
+
+class DatabaseConflictError(EffectBrokerError):
+    """The database cancelled this request to settle a conflict with a concurrent one;
+    nothing was recorded. Retry later.
+
+    PostgreSQL aborts one of two transactions that wait for each other (deadlock,
+    SQLSTATE 40P01) or that cannot both be serialized (40001), and rolls back all it
+    wrote: every ledger write is one statement, so no part of it stays. The response
+    carries ``Retry-After``; resending with the same operation key is safe: it
+    reserves the effect or replays the one the concurrent request reserved. Build it
+    with ``of``, which recognises the database error.
+    """
+
+    code = "database_conflict"
+    http_status = 503
+    remedy = (
+        "PostgreSQL cancelled this write for a concurrent one (a deadlock or a "
+        "serialization failure); nothing was recorded. Resend the same request, with "
+        "the same operation key, after `Retry-After`: it reserves the effect or "
+        "replays it."
+    )
+
+    #: The SQLSTATEs that mean "aborted for a concurrent transaction", by reason.
+    SQLSTATES: ClassVar[dict[str, str]] = {
+        "40P01": "deadlock",
+        "40001": "serialization_failure",
+    }
+    #: Seconds a caller should wait: the transaction it met has finished by then.
+    RETRY_AFTER_SECONDS: ClassVar[int] = 1
+
+    @classmethod
+    def of(cls, exc: BaseException) -> DatabaseConflictError | None:
+        """The error for ``exc`` - a driver error with a conflict SQLSTATE, or a
+        wrapper whose cause is one (Django's) - else None. Reads ``sqlstate`` only,
+        so the domain imports no driver."""
+        for candidate in (exc, exc.__cause__):
+            sqlstate = getattr(candidate, "sqlstate", None)
+            if isinstance(sqlstate, str) and sqlstate in cls.SQLSTATES:
+                return cls(
+                    reason=cls.SQLSTATES[sqlstate],
+                    sqlstate=sqlstate,
+                    retry_after_seconds=cls.RETRY_AFTER_SECONDS,
+                )
+        return None
 
 
 # --- adapters (target truth) ----------------------------------------------------------
@@ -390,12 +629,21 @@ class AdapterError(EffectBrokerError):
 
     code = "adapter_error"
     http_status = 502
+    remedy = (
+        "The target failed; the effect's status says what the broker will do "
+        "(retry, reconcile or ask an operator). Read the effect; do not resubmit "
+        "under another key."
+    )
 
 
 class RetryableAdapterError(AdapterError):
     """The target refused the request and proved nothing was committed; retry is safe."""
 
     code = "adapter_retryable"
+    remedy = (
+        "Nothing to do: the target proved nothing was committed, and the broker "
+        "retries with the same downstream key."
+    )
 
 
 class SendRefusedError(RetryableAdapterError):
@@ -406,12 +654,21 @@ class SendRefusedError(RetryableAdapterError):
     """
 
     code = "send_refused"
+    remedy = (
+        "Nothing to do: no byte was sent; another worker or a later attempt "
+        "dispatches the effect."
+    )
 
 
 class TerminalAdapterError(AdapterError):
     """The target refused the request definitively; retrying cannot succeed."""
 
     code = "adapter_terminal"
+    remedy = (
+        "The target refused the request for good and nothing happened there; read "
+        "the effect's reason and fix the cause (the arguments, the account). A "
+        "resend under the same key replays this refusal."
+    )
 
 
 class KeyReusedError(TerminalAdapterError):
@@ -424,12 +681,23 @@ class KeyReusedError(TerminalAdapterError):
     """
 
     code = "key_reused"
+    remedy = (
+        "The target says this downstream key was already used with different "
+        "parameters, which no resend can change. The effect waits in manual_review: "
+        "an operator checks the target and resolves it. Do not resubmit under another "
+        "operation key."
+    )
 
 
 class OutcomeUnknownError(AdapterError):
     """Request bytes may have reached the target and the result is unknown."""
 
     code = "outcome_unknown"
+    remedy = (
+        "Do not redo the step under another key: it may have happened. The broker "
+        "reconciles with the target where it can; otherwise an operator checks the "
+        "target and resolves the effect."
+    )
 
 
 def _all_subclasses(cls: type[EffectBrokerError]) -> list[type[EffectBrokerError]]:

@@ -38,7 +38,7 @@ MASTER_KEY_BYTES = 32
 MIN_TENANT_KEY_BYTES = 32
 """Shortest tenant HMAC key accepted: the output of ``derive_tenant_hmac_key``."""
 
-MAX_OPERATION_KEY_LENGTH = 200
+MAX_OPERATION_KEY_LENGTH = 255
 """Longest operation_key accepted, in characters."""
 
 TENANT_HMAC_INFO_PREFIX = b"effect-broker/tenant-hmac/v1\0"

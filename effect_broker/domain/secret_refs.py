@@ -7,8 +7,16 @@ clear value is never in the ledger, the request hash, an event or a preview.
 
 This module is the pure part: what a reference looks like, finding every reference in
 a set of arguments (refusing malformed ones with the field they are at), and
-substituting values through a lookup the caller supplies. Where values come from is
-the worker's business (``services/secrets.py``).
+substituting values through a lookup the caller supplies, and refusing references a
+contract does not declare. Where values come from is the worker's business
+(``services/secrets.py``).
+
+Declaration (issue 19, item 11): a reference resolves only if the effect's contract
+lists it (``secrets``, or ``tenant_secrets`` for one tenant). Without that, any tenant
+could name any secret the worker holds and read it back through a target that echoes
+its input, or probe which names exist from how its effects end. The refusal happens at
+submit, before anything is looked up, so its answer is the same for a name the worker
+has and one it has not.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from effect_broker.domain.errors import InvalidSecretRefError
+from effect_broker.domain.errors import InvalidSecretRefError, SecretRefNotDeclaredError
 
 SECRET_MEMBER = "$secret"  # noqa: S105 - the member name, not a secret
 SCHEMES = ("env", "file")
@@ -75,6 +83,30 @@ def parse_ref(value: Mapping[str, Any], *, field: str) -> SecretRef:
             field=field,
         )
     return SecretRef(scheme, name)
+
+
+def parse_ref_text(text: object, *, field: str) -> SecretRef:
+    """Parse ``"env:NAME"`` or ``"file:NAME"`` as a contract declares it."""
+    return parse_ref({SECRET_MEMBER: text}, field=field)
+
+
+def refuse_undeclared(
+    found: list[tuple[str, SecretRef]], declared: frozenset[str], *, contract: str
+) -> None:
+    """Raise ``SecretRefNotDeclaredError`` for the first reference not in ``declared``.
+
+    The message names the caller's field and the contract, never the reference's
+    name, and nothing here asks whether the secret exists: a refused name that the
+    worker holds and one it does not get the same answer (no probing).
+    """
+    for path, ref in found:
+        if ref.text not in declared:
+            raise SecretRefNotDeclaredError(
+                f"{path}: this secret reference is not declared by contract "
+                f"{contract} for this tenant; nothing was written",
+                field=path,
+                contract=contract,
+            )
 
 
 def find_refs(value: object, path: str = "arguments") -> list[tuple[str, SecretRef]]:

@@ -23,6 +23,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from effect_broker.domain import contract_fields
+
 #: ``tool_error`` values: how an upstream ``isError`` result is classified by default.
 TOOL_ERROR_CLASSES = ("terminal", "unknown")
 #: The default ``tool_error``: an ``isError`` result with no documented code is the MCP
@@ -38,43 +40,10 @@ METHOD_NOT_FOUND = -32601
 #: Codes the MCP client raises itself (connection closed, request timeout).
 CLIENT_MADE_CODES = (-32000, -32001)
 
-_UPSTREAM_FIELDS = (
-    "command",
-    "args",
-    "cwd",
-    "env",
-    "inherit_env",
-    "url",
-    "bearer_token_env",
-    "tool",
-    "key_argument",
-    "lookup_tool",
-    "lookup_argument",
-    "lookup_by",
-    "found_field",
-    "external_id_field",
-    "error_field",
-    "tool_error",
-    "retryable_errors",
-    "unknown_errors",
-    "terminal_errors",
-    "terminal_rpc_codes",
-    "connect_timeout",
-    "timeout",
-    "answer",
-    "lookup_answer",
-)
-_ANSWER_FIELDS = (
-    "pointer",
-    "pattern",
-    "id_pointer",
-    "id_pattern",
-    "committed",
-    "not_committed",
-    "failed",
-    "already_done",
-)
-_PASSTHROUGH_FIELDS = ("tool", "read_only", "description", "upstream")
+# The allowed keys come from the one definition of the fields (``contract_fields``).
+_UPSTREAM_FIELDS = contract_fields.names(contract_fields.UPSTREAM)
+_PASSTHROUGH_FIELDS = contract_fields.names(contract_fields.PASSTHROUGH)
+_ANSWER_FIELDS = contract_fields.names(contract_fields.ANSWER)
 
 
 def _unknown(key: str, allowed: Iterable[str]) -> str:

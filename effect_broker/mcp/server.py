@@ -24,7 +24,12 @@ import mcp.types as types
 from django.db import connections
 from mcp.server import Server, ServerRequestContext
 
-from effect_broker.domain.errors import ConfigurationError, EffectBrokerError
+from effect_broker.api.rate_limit import charge_submit
+from effect_broker.domain.errors import (
+    ConfigurationError,
+    DatabaseConflictError,
+    EffectBrokerError,
+)
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus
 from effect_broker.domain.storable_text import require_storable
@@ -112,17 +117,22 @@ def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Serve
             if passthrough is not None and params.name not in tools.MANAGEMENT_NAMES:
                 # No ledger: forwarded as it is, if strict mode allows it.
                 return await mirror.call(passthrough, arguments)
-            step = await _in_thread(_call, tenant, params.name, arguments)
+            step = await in_thread(_call, tenant, params.name, arguments)
             if isinstance(step, types.CallToolResult):
                 return step
             # The wait holds no thread and no connection (services.awaiting).
             record = await awaiting.wait_until_settled(
                 tenant, step.effect_id, settings.wait_seconds
             )
-            return await _in_thread(_outcome, tenant, record)
+            return await in_thread(_outcome, tenant, record)
         except EffectBrokerError as exc:
             return _domain_error(exc)
-        except Exception:
+        except Exception as exc:
+            # A deadlock or serialization failure the store did not already raise as
+            # the domain error: retryable, as over HTTP, never internal (issue 19).
+            conflict = DatabaseConflictError.of(exc)
+            if conflict is not None:
+                return _domain_error(conflict)
             # Never a traceback or an internal message to an agent (a database error's
             # text can name tables and values); the log keeps the detail.
             logger.exception("mcp tool call failed", extra={"tool": params.name})
@@ -148,15 +158,26 @@ def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Serve
 # --- calls (each service call runs in a worker thread) ------------------------------
 
 
-async def _in_thread(fn: Callable[..., _T], *args: Any) -> _T:
-    """Run the synchronous service call ``fn(*args)`` in a worker thread."""
+async def in_thread(fn: Callable[..., _T], *args: Any) -> _T:
+    """Run the synchronous Django code ``fn(*args)`` in a worker thread, and give back
+    the database connection it took before the thread is reused.
+
+    Every piece of Django code the MCP surface runs off the event loop (a tool's
+    service call, the HTTP transport's key check) goes through here: nothing else
+    returns such a connection. Issue 19: the key check ran on a bare worker thread,
+    and each of anyio's 40 threads kept the pooled connection it drew, for good: 40
+    bad keys emptied the API's pool (every REST call a 503 until restart), and left
+    the standalone server with 38 idle PostgreSQL connections.
+    """
 
     def run() -> _T:
         try:
             return fn(*args)
         finally:
             # Worker threads come and go: a connection left on one would outlive it
-            # unclosed. One connection per call is cheap next to the call itself.
+            # unclosed (and a pooled one is never lent again). Closing returns a
+            # pooled connection to the pool; one connection per call is cheap next to
+            # the call itself.
             connections.close_all()
 
     return await anyio.to_thread.run_sync(run)
@@ -178,6 +199,10 @@ def _call(
             "side-effecting tool is listed only with a versioned contract. Nothing was "
             "done.",
         )
+    # The tenant's submit rate, charged as REST charges it: before the arguments are
+    # checked, stored or sent, sized like a REST body (api/rate_limit.py). A refusal
+    # is a ``rate_limited`` tool error carrying ``retry_after_seconds``.
+    charge_submit(str(tenant.pk), len(json.dumps(arguments).encode()))
     problems = _schema_problems(tools.proxy_input_schema(contract), arguments)
     if problems:
         return _error(

@@ -142,11 +142,14 @@ def proxy_tool(contract: EffectContract) -> types.Tool:
         output_schema=outputs.proxy_output_schema(contract),
         annotations=types.ToolAnnotations(
             read_only_hint=False,
-            destructive_hint=True,
-            # Repeating a call with the same key has no further effect, except for an
-            # unsafe target, which promises nothing.
-            idempotent_hint=safety is not SafetyClass.UNSAFE,
-            open_world_hint=safety is not SafetyClass.TRANSACTIONAL,
+            destructive_hint=contract.mcp.destructive,
+            # The broker enforces one effect per operation key, whatever the target
+            # promises: a repeated call with the same arguments (the key among them)
+            # replays the recorded effect and sends nothing (issue 21). Unsafe differs
+            # only in what is known after a lost answer, not in how often it is sent.
+            idempotent_hint=True,
+            # Every proxy tool acts on a target outside the broker.
+            open_world_hint=True,
         ),
     )
 

@@ -14,7 +14,10 @@ Streamable HTTP is served two ways, with the same guards (issue 12):
 
 Either way a credential in the query string is refused, an oversized body is refused
 before it is read or the key is checked, and a refused key is a problem+json 401 with
-``WWW-Authenticate: Bearer``.
+``WWW-Authenticate: Bearer`` (a disabled tenant's key: 403 ``tenant_disabled``, as on
+REST). The Host header must be in ``ALLOWED_HOSTS`` (the standalone server on a
+loopback bind: a loopback name), an Origin header must be allowed, and a body must
+pass REST's strict JSON parser (``effect_broker.mcp.request_guards``; issue 19).
 
 The SDK's session manager needs a running task group (its ``run()``), normally entered
 by the ASGI lifespan. ``McpEndpoint`` enters it at lifespan startup when the server
@@ -30,7 +33,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
 from django.conf import settings as django_settings
 from django.http.request import validate_host
 from mcp.server import ServerRequestContext
@@ -43,7 +45,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from effect_broker.api.admission import ASGIApp, Receive, Scope, Send
-from effect_broker.api.body_limit import BodySizeLimit
+from effect_broker.api.body_limit import body_limits
 from effect_broker.api.problems import PROBLEM_JSON, problem_body
 from effect_broker.api.query_credentials import QueryCredentialGuard
 from effect_broker.domain.errors import (
@@ -51,7 +53,12 @@ from effect_broker.domain.errors import (
     DisallowedHostError,
     EffectBrokerError,
 )
-from effect_broker.mcp.server import McpSettings, build_server
+from effect_broker.mcp.request_guards import (
+    LOOPBACK_ORIGINS,
+    OriginGuard,
+    StrictJsonBody,
+)
+from effect_broker.mcp.server import McpSettings, build_server, in_thread
 from effect_broker.models import Tenant
 from effect_broker.services import awaiting
 from effect_broker.services.tenants import authenticate
@@ -125,9 +132,13 @@ class BearerTenant:
         try:
             if scheme.lower() != "bearer":
                 raise AuthenticationError("missing Authorization: Bearer <API key>")
-            tenant = await anyio.to_thread.run_sync(authenticate, token.strip())
+            # in_thread gives the connection back (issue 19: it leaked one a request).
+            tenant = await in_thread(authenticate, token.strip())
         except EffectBrokerError as exc:
-            await _send_problem(send, 401, exc.code, str(exc), challenge=True)
+            # REST's answer: 401 for a key that is not one, 403 tenant_disabled for a
+            # disabled tenant's (issue 19: /mcp said 401 to both).
+            status = exc.http_status
+            await _send_problem(send, status, exc.code, str(exc), challenge=status == 401)
             return
         scope.setdefault("state", {})[_TENANT] = tenant
         await self.app(scope, receive, send)
@@ -203,12 +214,20 @@ class McpEndpoint:
         await self.manager.handle_request(scope, receive, send)  # type: ignore[arg-type]
 
 
-def guarded(app: ASGIApp, *, allowed_hosts: list[str] | None = None) -> ASGIApp:
+def guarded(
+    app: ASGIApp,
+    *,
+    allowed_hosts: list[str] | None = None,
+    allowed_origins: tuple[str, ...] = (),
+) -> ASGIApp:
     """``app`` behind the API's boundary guards and a tenant key (module docstring)."""
+    origins = (*django_settings.EFFECT_BROKER_MCP_ALLOWED_ORIGINS, *allowed_origins)
     return QueryCredentialGuard(
-        BodySizeLimit(
-            BearerTenant(app, allowed_hosts=allowed_hosts),
-            max_body_bytes=django_settings.EFFECT_BROKER_MAX_BODY_BYTES,
+        body_limits(
+            OriginGuard(
+                BearerTenant(StrictJsonBody(app), allowed_hosts=allowed_hosts),
+                allowed_origins=origins,
+            )
         )
     )
 
@@ -255,16 +274,13 @@ def http_app(settings: McpSettings, *, host: str) -> ASGIApp:
     """The standalone streamable HTTP app: ``/mcp`` behind a tenant key, ``/healthz``
     open, for ``effect-broker mcp --transport http``."""
     transport_security = None
-    if host in ("127.0.0.1", "localhost", "::1"):
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    if loopback:
         # As the SDK does for a local bind: refuse a rebound DNS name.
         transport_security = TransportSecuritySettings(
             enable_dns_rebinding_protection=True,
             allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
-            allowed_origins=[
-                "http://127.0.0.1:*",
-                "http://localhost:*",
-                "http://[::1]:*",
-            ],
+            allowed_origins=list(LOOPBACK_ORIGINS),
         )
     endpoint = McpEndpoint(settings, transport_security=transport_security)
 
@@ -280,4 +296,8 @@ def http_app(settings: McpSettings, *, host: str) -> ASGIApp:
         routes=[Route(MCP_PATH, endpoint), Route("/healthz", _health)],
         lifespan=lifespan,
     )
-    return guarded(app)
+    if loopback:
+        return guarded(app, allowed_origins=LOOPBACK_ORIGINS)
+    # Any other bind answers whatever name reaches it: the API's Host rule (issue 19:
+    # no Host or Origin check at all on a non-loopback bind).
+    return guarded(app, allowed_hosts=list(django_settings.ALLOWED_HOSTS))

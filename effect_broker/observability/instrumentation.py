@@ -89,7 +89,8 @@ def submit_trace_context() -> str | None:
 @contextmanager
 def dispatch_span(record: EffectRecord) -> Iterator[tracing.EffectSpan]:
     """A worker's dispatch of ``record``: a child span of its submit."""
-    with tracing.effect_span("effect_broker.dispatch", record) as span:
+    # The GenAI conventions' execute_tool span (issue 21).
+    with tracing.execute_tool_span(record) as span:
         yield span
 
 
@@ -119,27 +120,38 @@ def timed_attempt(
 ) -> Iterator[dict[str, Any]]:
     """Time one call to the target and count how it ended.
 
-    The caller may set ``["outcome"]``; otherwise a normal exit is ``succeeded`` and
-    an adapter error that escapes is classified here: retryable -> ``not_committed``,
+    The caller may set ``["outcome"]`` (and ``["error_code"]``, the stable code of
+    an adapter error it caught, for the span's ``error.type``); otherwise a normal
+    exit is ``succeeded`` and an adapter error that escapes is classified here:
+    retryable -> ``not_committed``,
     terminal -> ``refused``, unknown -> ``unknown``, or ``refused`` when the call ran
     in a savepoint that was rolled back (``rolled_back``: a transactional target,
     where nothing of a failed call survives). Anything else is ``error``.
     """
     started = time.perf_counter()
-    attempt: dict[str, Any] = {"outcome": None}
+    attempt: dict[str, Any] = {"outcome": None, "error_code": None}
     try:
         yield attempt
-    except RetryableAdapterError:
+        if attempt["error_code"]:
+            # A failure the caller caught and classified (``error_code``: its stable
+            # code) is still the execute_tool span's error.type.
+            tracing.attempt_failed(attempt["error_code"])
+    except RetryableAdapterError as exc:
         attempt["outcome"] = "not_committed"
+        tracing.attempt_failed(exc.code)
         raise
-    except TerminalAdapterError:
+    except TerminalAdapterError as exc:
         attempt["outcome"] = "refused"
+        tracing.attempt_failed(exc.code)
         raise
-    except OutcomeUnknownError:
+    except OutcomeUnknownError as exc:
         attempt["outcome"] = "refused" if rolled_back else "unknown"
+        # Rolled back: nothing of the call survived, so it was refused, not unknown.
+        tracing.attempt_failed(TerminalAdapterError.code if rolled_back else exc.code)
         raise
     except BaseException:
         attempt["outcome"] = "error"
+        tracing.attempt_failed("internal_error")
         raise
     finally:
         metrics.attempt_ended(

@@ -51,8 +51,32 @@ TOOL = "effect_broker.tool"
 CONTRACT_VERSION = "effect_broker.contract_version"
 STATUS = "effect_broker.status"
 RECEIPT_ID = "effect_broker.receipt_id"
+# The OpenTelemetry GenAI conventions' ``execute_tool`` span (issue 21), which the
+# dispatch span follows so a GenAI-aware backend shows it as the tool's execution:
+# the tool's name, the call's id (the effect id: opaque, and the one id a caller,
+# an operator and the ledger share), and on failure ``error.type``, the stable error
+# code. Never the convention's opt-in arguments or result.
+GEN_AI_OPERATION = "gen_ai.operation.name"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
+ERROR_TYPE = "error.type"
+EXECUTE_TOOL = "execute_tool"
 #: The only attributes a broker span ever carries (spec "Required observability").
-ATTRIBUTES = frozenset({DIGEST, TOOL, CONTRACT_VERSION, STATUS, RECEIPT_ID})
+ATTRIBUTES = frozenset(
+    {
+        DIGEST,
+        TOOL,
+        CONTRACT_VERSION,
+        STATUS,
+        RECEIPT_ID,
+        GEN_AI_OPERATION,
+        GEN_AI_TOOL_NAME,
+        GEN_AI_TOOL_CALL_ID,
+        GEN_AI_TOOL_TYPE,
+        ERROR_TYPE,
+    }
+)
 
 _propagator = TraceContextTextMapPropagator() if trace is not None else None
 _provider: Any = None
@@ -95,11 +119,28 @@ class EffectSpan:
             self._span.set_status(Status(StatusCode.ERROR, code))
 
 
+def attempt_failed(code: str) -> None:
+    """Mark the current span (a dispatch's ``execute_tool``) failed with the stable
+    code of how its attempt ended: ``error.type`` and an error status, no message."""
+    if trace is None:
+        return
+    current = trace.get_current_span()
+    if current.is_recording():
+        current.set_attribute(ERROR_TYPE, code)
+        current.set_status(Status(StatusCode.ERROR, code))
+
+
 @contextmanager
 def span(
-    name: str, *, tenant_id: str, operation_key: str, parent: str | None = None
+    name: str,
+    *,
+    tenant_id: str,
+    operation_key: str,
+    parent: str | None = None,
+    attributes: dict[str, str] | None = None,
 ) -> Iterator[EffectSpan]:
-    """A current span named ``name`` for one operation; ``parent``: a traceparent."""
+    """A current span named ``name`` for one operation; ``parent``: a traceparent;
+    ``attributes``: set at the start (names from ``ATTRIBUTES`` only)."""
     if trace is None:
         yield EffectSpan(None)
         return
@@ -110,6 +151,7 @@ def span(
         name,
         context=context,
         kind=SpanKind.INTERNAL,
+        attributes=attributes,
         # An exception's text may hold the operation key or a target's answer.
         record_exception=False,
         set_status_on_exception=False,
@@ -122,13 +164,35 @@ def span(
 
 
 @contextmanager
-def effect_span(name: str, record: EffectRecord) -> Iterator[EffectSpan]:
+def effect_span(
+    name: str, record: EffectRecord, attributes: dict[str, str] | None = None
+) -> Iterator[EffectSpan]:
     """A worker's span for ``record``: a child of the context stored at submit."""
     with span(
         name,
         tenant_id=record.tenant_id,
         operation_key=record.operation_key,
         parent=record.trace_context,
+        attributes=attributes,
+    ) as current:
+        yield current
+
+
+@contextmanager
+def execute_tool_span(record: EffectRecord) -> Iterator[EffectSpan]:
+    """The dispatch of ``record`` as the GenAI ``execute_tool`` span (its name is
+    ``execute_tool {tool}``), a child of the context stored at submit."""
+    with effect_span(
+        f"{EXECUTE_TOOL} {record.tool}",
+        record,
+        {
+            GEN_AI_OPERATION: EXECUTE_TOOL,
+            GEN_AI_TOOL_NAME: record.tool,
+            GEN_AI_TOOL_CALL_ID: record.effect_id,
+            # The convention's "extension": a tool run on the agent's side that
+            # calls an external API (the target), not a model-side function.
+            GEN_AI_TOOL_TYPE: "extension",
+        },
     ) as current:
         yield current
 

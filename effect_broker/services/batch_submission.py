@@ -115,11 +115,21 @@ def submit_many(
     queued = [j for j in jobs if j is not None]
     actors = [p.request.requested_by or "caller" for p in unique]
     now = rt.clock.now()
+    # The first due time is the database's clock, not this host's (issue 19).
+    offset = rt.clock.database_offset()
     if len(unique) == 1:
         # One key: the single submit's statement does the same writes (intent, event,
         # job; one commit) and costs the server less than the batch statement's
         # JSON input, sort and joins, so a batch of one is not slower than a submit.
-        rows = [store.reserve(unique[0].intent, now=now, actor=actors[0], job=jobs[0])]
+        rows = [
+            store.reserve(
+                unique[0].intent,
+                now=now,
+                actor=actors[0],
+                job=jobs[0],
+                database_offset=offset,
+            )
+        ]
     else:
         rows = reserve_many(
             [p.intent for p in unique],
@@ -127,6 +137,7 @@ def submit_many(
             actors=actors,
             # The jobs commit with the intents (STYLE rule 5), in the same statement.
             jobs=queued if len(queued) == len(jobs) else None,
+            database_offset=offset,
         )
     by_key = {p.intent.operation_key: row for p, row in zip(unique, rows, strict=True)}
     results: list[BatchItemResult] = []

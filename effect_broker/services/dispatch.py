@@ -23,13 +23,15 @@ from effect_broker.domain.errors import (
     KeyReusedError,
     OutcomeUnknownError,
     RetryableAdapterError,
+    SecretRefNotDeclaredError,
     SecretUnavailableError,
     StaleWriteError,
     TerminalAdapterError,
 )
 from effect_broker.domain.records import EffectRecord
-from effect_broker.domain.secret_refs import find_refs, resolve_refs
+from effect_broker.domain.secret_refs import find_refs, refuse_undeclared, resolve_refs
 from effect_broker.domain.states import EffectStatus
+from effect_broker.models import Tenant
 from effect_broker.observability import metrics
 from effect_broker.observability.instrumentation import dispatch_span, timed_attempt
 from effect_broker.services import deadlines, outcomes
@@ -133,7 +135,7 @@ def send_attempt(
     record what happened."""
     arguments = load_arguments(rt, record, sealed)
     try:
-        arguments = _with_secrets(rt, record, arguments)
+        arguments = _with_secrets(rt, record, contract, arguments)
     except SecretUnavailableError as exc:
         return _refuse_unavailable_secret(rt, record, exc, worker=worker)
     # Read BEFORE the claim is sent: the lease the database starts is no older than
@@ -167,13 +169,17 @@ def send_attempt(
                 # process. If the lease was taken over meanwhile, the fence refuses
                 # this write too.
                 failure: tuple[str, str] | None = ("retryable", str(exc))
+                attempt["error_code"] = exc.code
             except KeyReusedError as exc:
                 # Refused, but the key holds another request: an operator decides.
                 failure = ("key_reused", str(exc))
+                attempt["error_code"] = exc.code
             except TerminalAdapterError as exc:
                 failure = ("terminal", str(exc))
+                attempt["error_code"] = exc.code
             except OutcomeUnknownError as exc:
                 failure = ("unknown", str(exc))
+                attempt["error_code"] = exc.code
             else:
                 failure = None
             attempt["outcome"] = _ATTEMPT_OUTCOME[failure[0] if failure else "ok"]
@@ -207,16 +213,34 @@ def send_attempt(
 
 
 def _with_secrets(
-    rt: Runtime, record: EffectRecord, arguments: Mapping[str, Any]
+    rt: Runtime,
+    record: EffectRecord,
+    contract: EffectContract,
+    arguments: Mapping[str, Any],
 ) -> Mapping[str, Any]:
     """The arguments with every ``{"$secret": ...}`` replaced by its value, looked up
     here, in the dispatching worker, and kept only in memory for this attempt."""
-    if not find_refs(arguments):
+    refs = find_refs(arguments)
+    if not refs:
         return arguments
+    # Submit refused undeclared references already; checked again against the pinned
+    # contract so that no other way into the ledger (an effect stored before the
+    # declaration existed, a renamed tenant) can make this worker resolve one.
+    try:
+        refuse_undeclared(
+            refs, contract.declared_secrets(_tenant_name(record)), contract=contract.label
+        )
+    except SecretRefNotDeclaredError as exc:
+        raise SecretUnavailableError(f"{exc.code}: {exc}") from None
     return cast(
         Mapping[str, Any],
         resolve_refs(arguments, lambda ref: rt.secrets.lookup(record.tenant_id, ref)),
     )
+
+
+def _tenant_name(record: EffectRecord) -> str:
+    name: str = Tenant.objects.values_list("name", flat=True).get(id=record.tenant_id)
+    return name
 
 
 def _refuse_unavailable_secret(
@@ -251,7 +275,7 @@ def _dispatch_transactional(
     """
     arguments = load_arguments(rt, record, sealed)
     try:
-        arguments = _with_secrets(rt, record, arguments)
+        arguments = _with_secrets(rt, record, contract, arguments)
     except SecretUnavailableError as exc:
         return _refuse_unavailable_secret(rt, record, exc, worker=worker)
     with transaction.atomic():

@@ -4,9 +4,11 @@ Issue "correctness at the edges", defect 1: a worker that committed its claim an
 stalled (GC pause, VM stall, SIGSTOP) past its lease woke up and sent its request after
 the sweeper had handed the effect on: two charges. A fenced ledger write cannot stop
 that, because the target call happens before the write. So the worker must prove, right
-before the request is written, that its lease still holds, on a clock that cannot jump:
+before the request is written, that its lease still holds, on a clock that cannot be
+set and counts a suspend of the host (``domain.clock.lease_seconds``: CLOCK_BOOTTIME on
+Linux; ``time.monotonic()`` stood still while a host was suspended, issue 19):
 
-* ``claimed_at`` is read from the monotonic clock BEFORE the claim statement is sent,
+* ``claimed_at`` is read from that clock BEFORE the claim statement is sent,
   so it is no later than the moment the database started the lease;
 * the lease is provably held until ``claimed_at + lease - send_margin`` (each fenced
   heartbeat moves that point: its own send time + lease - margin);
@@ -14,8 +16,10 @@ before the request is written, that its lease still holds, on a clock that canno
   refused by the fence (the lease was taken away), or once the attempt's total time
   limit is spent. A refusal raises ``SendRefusedError``: nothing was sent.
 
-What no local check can close: a stall between the gate and the socket write. The send
-margin is the budget for that window (README "What the guarantees rest on").
+What no local check can close: a stall between the gate's last check and the socket
+write (the HTTP adapter makes that check immediately before its one write of headers
+and body). The send margin is the budget for that window (README "What the guarantees
+rest on").
 
 The beats come from one thread per process (``services.lease_heartbeat``), not a thread
 per dispatch: a keeper registers for the length of its call.

@@ -71,7 +71,7 @@ def resolvable_effect(
     if is_terminal(record.status):
         raise IllegalTransitionError(
             f"effect {record.effect_id} is already settled as {record.status.value}; a "
-            "settled effect is never resolved again (spec rule 7)",
+            "settled effect is never resolved again: its receipt and events are final",
             refusal="already_settled",
             **details,
         )
@@ -138,9 +138,10 @@ def refuse_requeue(rt: Runtime, record: EffectRecord) -> None:
     if record.safety is SafetyClass.UNSAFE:
         raise IllegalTransitionError(
             f"effect {record.effect_id} is unsafe: it is never resent under the same "
-            "operation key, whatever the evidence (spec rule 6; the target cannot "
-            "deduplicate a resend). If you have proof it never committed, fork it: a "
-            "new effect under a new operation key (effect-broker effects fork ID "
+            "operation key, whatever the evidence (the target cannot deduplicate a "
+            "resend: docs/explanation/guarantees.md). If you have proof it never "
+            "committed, fork it: a new effect under a new operation key "
+            "(effect-broker effects fork ID "
             "--new-operation-key KEY ...; POST /v1/effects/{id}/fork); otherwise "
             "resolve it as succeeded or failed",
             refusal="unsafe_never_requeued",

@@ -325,7 +325,8 @@ def request_reconciliation(
     if record.safety is SafetyClass.UNSAFE:
         raise IllegalTransitionError(
             f"effect {record.effect_id} is unsafe and its outcome is unknown: no probe "
-            "can settle it and it is never resent automatically (spec rule 6); an "
+            "can settle it and it is never resent automatically (the unsafe class's "
+            "promise: docs/explanation/guarantees.md); an "
             "operator must resolve it with proof of success, proof of non-commit, or "
             "as failed",
             refusal="operator_required",

@@ -6,6 +6,7 @@ monkeypatching module internals.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +23,11 @@ from effect_broker.domain.contracts import (
     EffectContract,
     load_contracts,
 )
-from effect_broker.domain.errors import ConfigurationError
+from effect_broker.domain.errors import (
+    ConfigurationError,
+    ContractError,
+    ContractsUnavailableError,
+)
 from effect_broker.domain.keys import derive_tenant_hmac_key
 from effect_broker.domain.payload_crypto import Keyring, derive_payload_key
 from effect_broker.scheduling import ProcrastinateScheduler
@@ -32,6 +37,8 @@ from effect_broker.services.secrets import SecretSource
 if TYPE_CHECKING:
     from effect_broker.adapters.base import EffectAdapter
     from effect_broker.store.ledger import QueuedJob
+
+logger = logging.getLogger(__name__)
 
 
 class Scheduler(Protocol):
@@ -123,7 +130,7 @@ def _build() -> Runtime:
 
     timing = settings.EFFECT_BROKER_TIMING
     return Runtime(
-        registry=load_contracts(settings.EFFECT_BROKER_CONTRACTS),
+        registry=_load_registry(),
         master_key=master,
         keyring=_payload_keyring(master),
         clock=SystemClock(),
@@ -140,6 +147,25 @@ def _build() -> Runtime:
         argument_limits=ArgumentLimits(**settings.EFFECT_BROKER_ARGUMENT_LIMITS),
         secrets=secrets.from_settings(),
     )
+
+
+def _load_registry() -> ContractRegistry:
+    """The deployment's contracts; a broken file is the operator's to fix.
+
+    Its error names the file, the contract and the field (a server path, maybe a
+    schema file's too): that goes to this process's log. Whoever asked - a tenant's
+    submit or history, an agent's tool call - gets ``ContractsUnavailableError``, a
+    503 naming no path (issue 19, item 12: it was a 500 with the path in it).
+    """
+    try:
+        return load_contracts(settings.EFFECT_BROKER_CONTRACTS)
+    except ContractError as exc:
+        logger.error(
+            "contracts file cannot be loaded: %s",
+            exc,
+            extra={"action": "contracts", "code": exc.code},
+        )
+        raise ContractsUnavailableError() from exc
 
 
 def get_runtime() -> Runtime:

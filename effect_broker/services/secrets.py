@@ -3,20 +3,23 @@
 ``{"$secret": "env:NAME"}`` reads the worker's environment variable
 ``EFFECT_BROKER_SECRET_<NAME>``. The prefix is the boundary: a reference can reach
 only variables an operator provisioned as secrets for effects, never the master key,
-the database URL or anything else in the worker's environment. Every tenant served by
-the worker can refer to the same env secrets, so use them for one-tenant deployments
-or secrets meant for all tenants.
+the database URL or anything else in the worker's environment. Which tenant may name
+which secret is the contract's to say (``secrets``, ``tenant_secrets``; refused at
+submit otherwise, domain/secret_refs.py): the worker resolves only declared ones.
 
 ``{"$secret": "file:NAME"}`` reads ``<EFFECT_BROKER_SECRETS_DIR>/<tenant id>/NAME``
 (one trailing newline stripped): file secrets are per tenant, and a name is one path
 segment (domain/secret_refs.py), so a reference cannot leave the tenant's directory.
 
 A missing secret raises ``SecretUnavailableError`` naming the reference and where it
-was looked for, never a value.
+was looked for, never a value. The message becomes the effect's reason, which the
+tenant reads in its history: it names the file relative to the tenant's directory,
+and only the operator's log has the absolute path (issue 19, item 12).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +27,8 @@ from pathlib import Path
 
 from effect_broker.domain.errors import SecretUnavailableError
 from effect_broker.domain.secret_refs import SecretRef
+
+logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "EFFECT_BROKER_SECRET_"
 
@@ -61,8 +66,17 @@ class SecretSource:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            logger.warning(
+                "secret file cannot be read",
+                extra={
+                    "action": "secret_unavailable",
+                    "path": str(path),
+                    "reason": reason,
+                },
+            )
             raise SecretUnavailableError(
-                f"secret {ref.text} is unavailable: {path} cannot be read ({reason})"
+                f"secret {ref.text} is unavailable: the file {ref.name} in this "
+                f"tenant's secrets directory cannot be read ({reason})"
             ) from None
         return text.removesuffix("\n")
 

@@ -36,7 +36,7 @@ from effect_broker.domain.records import (
     EffectRequest,
     Reservation,
 )
-from effect_broker.domain.secret_refs import find_refs
+from effect_broker.domain.secret_refs import find_refs, refuse_undeclared
 from effect_broker.models import Tenant
 from effect_broker.observability.instrumentation import (
     observed_submit,
@@ -111,8 +111,11 @@ def prepare_intent(rt: Runtime, tenant: Tenant, request: EffectRequest) -> Prepa
     # Before canonicalising, hashing or previewing: the caps bound that work.
     check_arguments(request.arguments, rt.argument_limits)
     # A malformed {"$secret": ...} is refused now, not found missing at dispatch.
-    find_refs(request.arguments)
+    refs = find_refs(request.arguments)
     contract = rt.registry.for_tool(request.tool)
+    # So is one the contract does not declare for this tenant, before any lookup.
+    declared = contract.declared_secrets(tenant.name)
+    refuse_undeclared(refs, declared, contract=contract.label)
     tenant_id = str(tenant.id)
     canonical_args = canonical_json(dict(request.arguments))
     digest = _request_hash(rt, tenant_id, request, contract)
@@ -160,7 +163,14 @@ def submit(
     # in the reservation statement, which is about to be sent.
     job = rt.scheduler.reservation_job(intent.effect_id)
     failpoints.hit("before_reservation_commit", subject=subject)
-    record, created = store.reserve(intent, now=rt.clock.now(), actor=actor, job=job)
+    record, created = store.reserve(
+        intent,
+        now=rt.clock.now(),
+        actor=actor,
+        job=job,
+        # The first due time is the database's clock, not this host's (issue 19).
+        database_offset=rt.clock.database_offset(),
+    )
     if created:
         if job is None:
             rt.scheduler.dispatch(record.effect_id)

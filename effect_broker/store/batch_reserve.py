@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
@@ -19,6 +19,7 @@ from effect_broker.domain.event_chain import GENESIS_DIGEST
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus
 from effect_broker.store import prepared, sql
+from effect_broker.store.conflicts import retryable_conflicts
 from effect_broker.store.ledger import (
     NewIntent,
     QueuedJob,
@@ -75,6 +76,7 @@ def reserve_many(
     now: datetime,
     actors: Sequence[str],
     jobs: Sequence[QueuedJob] | None = None,
+    database_offset: timedelta = timedelta(0),
 ) -> list[tuple[EffectRecord, bool]]:
     """Insert each intent whose (tenant, operation_key) is free; return, in the order
     given, (row, created) per intent: the new row, or the one that already held the key.
@@ -82,7 +84,10 @@ def reserve_many(
     All intents belong to one tenant and carry distinct keys; ``actors[i]`` is the
     actor of ``intents[i]``'s ``reserved`` event. ``jobs[i]`` is the dispatch job of
     ``intents[i]``, inserted only if that intent is. Intents, events and jobs are ONE
-    statement: one round trip and, in autocommit, one commit.
+    statement: one round trip and, in autocommit, one commit. As in ``reserve``,
+    ``now`` stamps rows and events, and the first due time is the database's clock
+    plus ``database_offset``. The rows are inserted in key order, so batches that
+    share keys wait for each other instead of deadlocking.
     """
     if not intents:
         return []
@@ -110,12 +115,14 @@ def reserve_many(
         "tenant": tenant_id,
         "status": EffectStatus.PREPARED.value,
         "now": now,
+        "offset": database_offset,
         "genesis": GENESIS_DIGEST,
     }
     found: dict[str, tuple[EffectRecord, bool]] = {}
     # Prepared on the server (store/prepared.py): the batch's text is the same for
-    # every size (its items are one JSON parameter), so one plan serves them all.
-    with prepared.cursor() as cur:
+    # every size (its items are one JSON parameter), so one plan serves them all. A
+    # deadlock or serialization failure wrote nothing of the batch: a 503 to retry.
+    with retryable_conflicts(), prepared.cursor() as cur:
         cur.execute(statement, params)
         rows = cur.fetchall()
     for row in rows:

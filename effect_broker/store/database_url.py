@@ -35,4 +35,7 @@ def url_from_settings(settings: dict[str, Any], *, dbname: str | None = None) ->
     else:
         netloc = (f"{auth}@" if auth else "") + host + (f":{port}" if port else "")
     name = quote(dbname or settings["NAME"], safe="")
-    return f"postgresql://{netloc}/{name}" + (f"?{urlencode(query)}" if query else "")
+    # quote_via=quote: a space is %20; libpq reads a "+" literally (the session
+    # timeouts travel as options=-c lock_timeout=... -c ...).
+    query_string = urlencode(query, quote_via=quote)
+    return f"postgresql://{netloc}/{name}" + (f"?{query_string}" if query else "")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from django.db import connection
@@ -30,6 +30,7 @@ from effect_broker.domain.ids import new_row_id
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus, check_transition
 from effect_broker.store import prepared, sql
+from effect_broker.store.conflicts import retryable_conflicts
 from effect_broker.store.db_time import DbTime
 from effect_broker.store.rows import record_from_row
 
@@ -179,9 +180,17 @@ def reserved_event_params(
 
 
 def reserve(
-    intent: NewIntent, *, now: datetime, actor: str, job: QueuedJob | None = None
+    intent: NewIntent,
+    *,
+    now: datetime,
+    actor: str,
+    job: QueuedJob | None = None,
+    database_offset: timedelta = timedelta(0),
 ) -> tuple[EffectRecord, bool]:
     """Insert the intent unless (tenant, operation_key) exists; return (row, created).
+
+    ``now`` stamps the row and its event; the first due time is the database's clock
+    plus ``database_offset`` (a test clock's; zero in production), never ``now``.
 
     The intent, its ``reserved`` event and ``job`` (if given) are one statement: in
     autocommit that is one round trip and one commit; inside a caller's transaction it
@@ -203,7 +212,7 @@ def reserve(
         intent.safety_class,
         intent.downstream_key,
         EffectStatus.PREPARED.value,
-        now,
+        database_offset,  # next_action_at: the database's clock (sql.RESERVE_INTENT)
         intent.trace_id,
         intent.requested_by,
         now,
@@ -226,8 +235,9 @@ def reserve(
         statement = sql.RESERVE_INTENT.format(job="", job_source="")
     params += [intent.tenant_id, intent.operation_key]
     # Prepared on the server: the hottest statement of all, planned once per
-    # connection instead of on every submit (store/prepared.py).
-    with prepared.cursor() as cur:
+    # connection instead of on every submit (store/prepared.py). A deadlock or
+    # serialization failure wrote nothing and is the caller's to retry (503).
+    with retryable_conflicts(), prepared.cursor() as cur:
         cur.execute(statement, params)
         row = cur.fetchone()
     if row is not None:

@@ -90,6 +90,12 @@ _EVENT_OF = (
 # see - a concurrent inserter of the same key, whom ON CONFLICT waited for and whose
 # commit came after the snapshot - makes both branches empty; only then does the
 # caller read the winner in a new statement (``SELECT_INTENT_BY_KEY``).
+# The first due time (``next_action_at``) is the database's clock, shifted only by a
+# test clock's offset (zero in production), as every other deadline is: written from
+# the submitting host's clock, an API host 10 minutes ahead made a correct worker
+# re-defer every new effect by 10 minutes (issue 19, item 2). ``created_at`` and
+# ``updated_at`` stay the submitter's stamp, the same instant as the ``reserved``
+# event's ``occurred_at``, which is hashed into the event chain before it is sent.
 RESERVE_INTENT = (
     """
 WITH intent AS (
@@ -99,8 +105,8 @@ WITH intent AS (
         safety_class, downstream_key, status, version, attempt_count, next_action_at,
         trace_id, requested_by, created_at, updated_at, trace_context
     ) VALUES (
-        %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, 1, 0, %s, %s, %s, %s,
-        %s, %s
+        %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, 1, 0,
+        clock_timestamp() + %s::interval, %s, %s, %s, %s, %s
     )
     ON CONFLICT (tenant_id, operation_key) DO NOTHING
     RETURNING """
@@ -233,15 +239,22 @@ INSERT INTO effect_stale_writes (
 # Sweeper reads. Both are served by partial/compound indexes on effect_intents, and
 # both compare on the database's clock (shifted by %s: a test clock's offset, zero in
 # production): a sweeper on a host whose clock runs ahead expires no live lease.
+# Both lock what they return and skip rows another session holds (issue 19 item 7: a
+# sweep waited on a frozen worker's row with no timeout): a held row is being written
+# by someone, and the next sweep looks again. NO KEY UPDATE, the lock a fenced UPDATE
+# takes, so a concurrent event insert's foreign-key lock does not make a row skipped.
+_SWEEP_LOCK = " FOR NO KEY UPDATE OF effect_intents SKIP LOCKED"
 SELECT_EXPIRED_LEASES = (
     SELECT_INTENT
     + " WHERE status = ANY(%s) AND lease_expires_at < clock_timestamp() + %s::interval"
     + " ORDER BY lease_expires_at LIMIT %s"
+    + _SWEEP_LOCK
 )
 SELECT_DUE = (
     SELECT_INTENT
     + " WHERE status = %s AND next_action_at <= clock_timestamp() + %s::interval"
     + " AND safety_class = ANY(%s) ORDER BY next_action_at LIMIT %s"
+    + _SWEEP_LOCK
 )
 
 # A batch reservation (issue 13): N intents, their ``reserved`` events and - when the
@@ -249,11 +262,14 @@ SELECT_DUE = (
 # The items arrive as ONE bound JSON array (bytes as hex), read back into typed rows
 # by ``jsonb_to_record``: one parameter to quote, where an array per column cost the
 # client more to quote than the statement took to run. ``ord`` keeps the caller's
-# order. ``existing`` reads the keys that were already taken, in the same statement:
-# its snapshot predates this statement's inserts, so it sees exactly the rows
-# committed before it. A key a concurrent inserter committed after that snapshot is in
-# neither half; ``batch_reserve.reserve_many`` reads those few again, as ``reserve``
-# does. Keys must be distinct within one call (the service folds duplicates first).
+# order for the jobs (the answer is put back in it by the caller); the intents are
+# inserted in key order (below). ``next_action_at`` is the database's clock, as in
+# ``RESERVE_INTENT``. ``existing`` reads the keys that were already taken, in the
+# same statement: its snapshot predates this statement's inserts, so it sees exactly
+# the rows committed before it. A key a concurrent inserter committed after that
+# snapshot is in neither half; ``batch_reserve.reserve_many`` reads those few again,
+# as ``reserve`` does. Keys must be distinct within one call (the service folds
+# duplicates first).
 RESERVE_BATCH = (
     """
 WITH input AS (
@@ -278,9 +294,13 @@ WITH input AS (
     SELECT id, %(tenant)s::uuid, operation_key, tool, decode(request_hash, 'hex'),
         decode(arguments_ciphertext, 'hex'), arguments_key_id, arguments_preview,
         contract_name, contract_version, safety_class, downstream_key, %(status)s, 1,
-        0, %(now)s::timestamptz, trace_id, requested_by, %(now)s::timestamptz,
-        %(now)s::timestamptz, trace_context
-    FROM input ORDER BY ord
+        0, clock_timestamp() + %(offset)s::interval, trace_id, requested_by,
+        %(now)s::timestamptz, %(now)s::timestamptz, trace_context
+    -- In key order, not the caller's: each insert takes its key's unique-index entry
+    -- and holds it to commit, so two batches sharing keys in opposite orders each
+    -- waited for the other's: a deadlock, one of them a 500 (issue 19, item 3). With
+    -- one order for every batch the later one waits, then replays.
+    FROM input ORDER BY operation_key
     ON CONFLICT (tenant_id, operation_key) DO NOTHING
     RETURNING """
     + ", ".join(INTENT_COLUMNS)

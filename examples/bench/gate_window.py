@@ -1,13 +1,15 @@
-"""How long is the window the send gate cannot close? (issue "correctness at the edges")
+"""How long is the window the send gate cannot close? (issues 9 and 19)
 
 The send gate proves the lease right before a request is written; a stall between that
-check and the first byte on the wire is the one pause no local check can catch. This
-measures the window on this machine: a real ``HttpAdapter`` sends to a loopback server
-in ANOTHER process (so the server never waits for the sender's GIL), the gate records
-``time.monotonic()`` each time it is checked, and the server records
-``time.monotonic()`` when the first byte of the request arrives (CLOCK_MONOTONIC is one
-clock for every process on a Linux host). window = arrival - last gate check, an upper
-bound: it includes the loopback hop and the server's wake-up.
+check and the LAST byte of the request on the wire is the one pause no local check can
+catch (a request whose body follows its headers late is a late request all the same).
+This measures the window on this machine: a real ``HttpAdapter`` sends to a loopback
+server in ANOTHER process (so the server never waits for the sender's GIL), the gate
+records ``time.monotonic()`` each time it is checked, and the server records
+``time.monotonic()`` when the first byte of the request arrives and when the last one
+does (CLOCK_MONOTONIC is one clock for every process on a Linux host).
+window = arrival - last gate check, an upper bound: it includes the loopback hop and
+the server's wake-up. The figure to publish is the one to the last byte.
 
 It runs twice, side by side: idle, and with CPU-bound threads competing for the GIL
 (the case a busy worker process is in). Usage::
@@ -55,13 +57,14 @@ class RecordingGate:
 
 
 def _serve(sock: socket.socket, requests: int, out: Connection) -> None:
-    """Answer ``requests`` requests, then send back the first-byte arrival times."""
-    arrivals: list[float] = []
+    """Answer ``requests`` requests, then send back when each one's first and last
+    byte arrived."""
+    arrivals: list[tuple[float, float]] = []
     for _ in range(requests):
         conn, _ = sock.accept()
         with conn:
             first = conn.recv(1)
-            arrivals.append(time.monotonic())
+            first_at = time.monotonic()
             data = first
             while b"\r\n\r\n" not in data:
                 data += conn.recv(65536)
@@ -72,6 +75,7 @@ def _serve(sock: socket.socket, requests: int, out: Connection) -> None:
                     length = int(line.split(b":")[1])
             while len(body) < length:
                 body += conn.recv(65536)
+            arrivals.append((first_at, time.monotonic()))
             conn.sendall(_ANSWER)
     out.send(arrivals)
 
@@ -97,8 +101,8 @@ def busy_threads(count: int) -> Iterator[None]:
             thread.join()
 
 
-def measure(requests: int) -> list[float]:
-    """Windows in microseconds, one per request."""
+def measure(requests: int) -> tuple[list[float], list[float]]:
+    """Windows in microseconds, one per request: to the first byte, to the last."""
     sock = socket.create_server(("127.0.0.1", 0), backlog=128)
     port = sock.getsockname()[1]
     receiver, sender = multiprocessing.Pipe(duplex=False)
@@ -134,9 +138,11 @@ def measure(requests: int) -> list[float]:
         adapter.close()
         server.join(timeout=10)
         sock.close()
-    return [
-        (arrival - check) * 1e6 for arrival, check in zip(arrivals, checks, strict=True)
-    ]
+    pairs = list(zip(arrivals, checks, strict=True))
+    return (
+        [(first - check) * 1e6 for (first, _), check in pairs],
+        [(last - check) * 1e6 for (_, last), check in pairs],
+    )
 
 
 def _row(label: str, windows: list[float]) -> str:
@@ -146,7 +152,7 @@ def _row(label: str, windows: list[float]) -> str:
         return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
 
     return (
-        f"{label:<28} {len(ordered):>6} {statistics.median(ordered):>9.0f} "
+        f"{label:<40} {len(ordered):>6} {statistics.median(ordered):>9.0f} "
         f"{pct(0.99):>9.0f} {pct(0.999):>9.0f} {ordered[-1]:>9.0f}"
     )
 
@@ -157,12 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--busy-threads", type=int, default=2)
     options = parser.parse_args(argv)
-    print("send-gate window: last gate check -> first request byte at the server (µs)")
-    print(f"{'case':<28} {'n':>6} {'p50':>9} {'p99':>9} {'p99.9':>9} {'max':>9}")
-    print(_row("idle", measure(options.requests)), flush=True)
+    print("send-gate window: last gate check -> request byte at the server (µs)")
+    print(f"{'case':<40} {'n':>6} {'p50':>9} {'p99':>9} {'p99.9':>9} {'max':>9}")
+    first, last = measure(options.requests)
+    print(_row("idle, to the first byte", first))
+    print(_row("idle, to the last byte", last), flush=True)
     with busy_threads(options.busy_threads):
-        busy = measure(options.requests)
-    print(_row(f"{options.busy_threads} CPU-bound threads", busy))
+        first, last = measure(options.requests)
+    busy = f"{options.busy_threads} CPU-bound threads"
+    print(_row(f"{busy}, to the first byte", first))
+    print(_row(f"{busy}, to the last byte", last))
     return 0
 
 

@@ -125,6 +125,9 @@ def seed_to(
     """Grow the ledger to ``size`` effects; return (rows added, notes)."""
     notes: list[str] = []
     with psycopg.connect(database_url, autocommit=True) as conn:
+        # Seeding millions of rows (and the VACUUM after it) may outlast the
+        # sessions' statement_timeout (config.database.SESSION_TIMEOUTS).
+        conn.execute("SET statement_timeout = 0")
         current = int(conn.execute("SELECT count(*) FROM effect_intents").fetchone()[0])  # type: ignore[index]
         missing = max(0, size - current)
         if missing == 0:

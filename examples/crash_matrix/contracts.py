@@ -83,7 +83,9 @@ safety = "transactional"
 adapter = "simulated-local"
 {common}
 """
-        + edge_contracts_toml(target_url, common=common, http=http)
+        + edge_contracts_toml(
+            target_url, common=common, http=http, settlement_bound=settlement_bound
+        )
         + "\n"
         + mcp_contracts_toml(target_url, settlement_bound=settlement_bound)
     )
@@ -104,10 +106,17 @@ EDGE_TOOLS = {
     # A small retry budget, so retry exhaustion after an unknown attempt is quick; a
     # 4 s attempt limit, so a driver has time to queue the fault the resend meets.
     "idempotent_short": "charge_idempotent_short",
+    # A fencing header, and an attempt limit (30 s) no freeze of the matrix reaches:
+    # the watchdog cannot cut a late write, only the target's fence stands in its way
+    # (edge_wire.py, "frozen after the send gate").
+    "idempotent_fenced": "charge_idempotent_fenced",
+    "reconcilable_fenced": "charge_reconcilable_fenced",
 }
 
 
-def edge_contracts_toml(target_url: str, *, common: str, http: str) -> str:
+def edge_contracts_toml(
+    target_url: str, *, common: str, http: str, settlement_bound: str = "2s"
+) -> str:
     """TOML for the edge cells' contracts (appended to ``contracts_toml``)."""
     # ``common`` starts with the retry limit line; the short budget replaces it.
     short = "retry_limit = 2\n" + common.split("\n", 1)[1]
@@ -139,5 +148,36 @@ adapter = "http"
 [contract.adapter_options]
 url = "{target_url}/idempotent/charges"
 idempotency_header = "Idempotency-Key"
+{http}
+
+[[contract]]
+name = "demo.charge-idempotent-fenced"
+version = "1"
+tool = "{EDGE_TOOLS["idempotent_fenced"]}"
+safety = "idempotent"
+key_retention = "24h"
+attempt_timeout = "30s"
+adapter = "http"
+{common}
+[contract.adapter_options]
+url = "{target_url}/idempotent/charges"
+idempotency_header = "Idempotency-Key"
+fencing_header = "X-Fencing-Token"
+{http}
+
+[[contract]]
+name = "demo.charge-reconcilable-fenced"
+version = "1"
+tool = "{EDGE_TOOLS["reconcilable_fenced"]}"
+safety = "reconcilable"
+settlement_bound = "{settlement_bound}"
+attempt_timeout = "30s"
+adapter = "http"
+{common}
+[contract.adapter_options]
+url = "{target_url}/reconcilable/charges"
+correlation_header = "X-Correlation-Key"
+probe_url = "{target_url}/reconcilable/charges?correlation_key={{downstream_key}}"
+fencing_header = "X-Fencing-Token"
 {http}
 """

@@ -17,6 +17,9 @@ queue, so the cells run one after another with nothing else in flight.
    is dispatched by the workers and charges once.
 6. One worker (and one sweeper) whose wall clock is off by +20 s, then -20 s: no live
    lease is expired, every effect charges once.
+7. A worker frozen inside the write of its request (idempotent, reconcilable), between
+   the headers and the body, and after the send gate's last check with a fencing
+   header (``edge_wire``): the thawed worker sends nothing, or the target refuses it.
 
 The reconcilable variant of 3 does not exist: a reconcilable effect is resent only
 after a conclusive "not committed" lookup, which clears the doubt; and without an
@@ -29,9 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from effect_broker import failpoints
 from effect_broker.domain.states import EffectStatus
-from effect_broker.models import Tenant
 from examples.crash_matrix.cells import CellResult, charge_body
 from examples.crash_matrix.edge_answers import (
     refusal_after_unknown_cell,
@@ -65,23 +66,16 @@ from examples.crash_matrix.edge_support import (
     settled,
     stale_writes,
     wait_for,
+    worker_that_fired,
 )
-from examples.crash_matrix.rig import OPERATION_KEY, Rig
-from examples.crash_matrix.workers import WorkerProcess, wait_until
-
-
-def _worker_that_fired(rig: Rig, tenant: Tenant, failpoint: str) -> WorkerProcess:
-    subject = f"{tenant.id}/{OPERATION_KEY}"
-    pid = wait_until(
-        lambda: failpoints.fired_by(rig.fp_dir, subject, failpoint),
-        timeout=10,
-        what="the pid of the stalled worker",
-    )
-    worker = rig.pool.by_pid(pid) if rig.pool else None
-    if worker is None:
-        raise RuntimeError(f"the stalled process {pid} is not a live pool worker")
-    return worker
-
+from examples.crash_matrix.edge_wire import (
+    FROZEN_AFTER_GATE,
+    FROZEN_MID_WRITE,
+    frozen_in_write_cell,
+)
+from examples.crash_matrix.plan import WIRE_CLASSES
+from examples.crash_matrix.rig import Rig
+from examples.crash_matrix.workers import wait_until
 
 # --- 1. frozen between claim and send ---------------------------------------------
 
@@ -103,7 +97,7 @@ def frozen_cell(rig: Rig, scenario: str, run: str) -> EdgeCellResult:
     )
     # By the pid the failpoint recorded: a transactional claim is not committed yet,
     # so the ledger names no owner for it.
-    worker = _worker_that_fired(rig, tenant, "before_request_write")
+    worker = worker_that_fired(rig, tenant, "before_request_write")
     owner = effect_by_key(tenant).lease_owner or ""
     worker.pause()
     frozen_at = time.monotonic()
@@ -207,6 +201,15 @@ def edge_cells(
         *(
             (scenario, FROZEN, lambda s=scenario: frozen_cell(rig, s, run))
             for scenario in CLASSES
+        ),
+        *(
+            (
+                scenario,
+                case,
+                lambda s=scenario, c=case: frozen_in_write_cell(rig, s, c, run),
+            )
+            for case in (FROZEN_MID_WRITE, FROZEN_AFTER_GATE)
+            for scenario in WIRE_CLASSES
         ),
         ("reconcilable", SLOW_COMMIT, lambda: slow_commit_cell(rig, run)),
         *(

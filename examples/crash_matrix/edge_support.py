@@ -20,7 +20,7 @@ import psycopg
 from django.db import connection
 from psycopg import sql
 
-from effect_broker import store
+from effect_broker import failpoints, store
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import (
@@ -44,7 +44,7 @@ from examples.crash_matrix.plan import (
     TERMINAL,
 )
 from examples.crash_matrix.rig import OPERATION_KEY, SETTLED, Rig
-from examples.crash_matrix.workers import wait_until
+from examples.crash_matrix.workers import WorkerProcess, wait_until
 
 #: Event types that say a lease was declared dead (dispatch or reconciliation).
 LEASE_EXPIRY_EVENTS = frozenset({"lease_expired", "reconcile_lease_expired"})
@@ -206,6 +206,21 @@ def lock_waiters() -> int:
 
 
 # --- the target side --------------------------------------------------------------
+
+
+def worker_that_fired(rig: Rig, tenant: Tenant, failpoint: str) -> WorkerProcess:
+    """The pool worker in which ``failpoint`` fired for the tenant's charge (by the
+    pid the failpoint recorded: a transactional claim names no owner yet)."""
+    subject = f"{tenant.id}/{OPERATION_KEY}"
+    pid = wait_until(
+        lambda: failpoints.fired_by(rig.fp_dir, subject, failpoint),
+        timeout=10,
+        what="the pid of the stalled worker",
+    )
+    worker = rig.pool.by_pid(pid) if rig.pool else None
+    if worker is None:
+        raise RuntimeError(f"the stalled process {pid} is not a live pool worker")
+    return worker
 
 
 def requests_seen(rig: Rig) -> int:

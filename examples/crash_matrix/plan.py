@@ -53,9 +53,16 @@ EXHAUSTED = "retries exhausted after unknown"
 OPERATOR = "operator requeue refused then fork"
 CLOCK_AHEAD = "one worker's clock +20s"
 CLOCK_BEHIND = "one worker's clock -20s"
+#: Issue 19, item 4: a worker frozen inside the write of its request.
+FROZEN_MID_WRITE = "frozen between headers and body"
+FROZEN_AFTER_GATE = "frozen after the send gate (fenced)"
+#: The classes whose target can tell a late request from the takeover's.
+WIRE_CLASSES = ("idempotent", "reconcilable")
 
 EDGE_CASES: list[tuple[str, str]] = [
     *((scenario, FROZEN) for scenario in SCENARIOS),
+    *((scenario, FROZEN_MID_WRITE) for scenario in WIRE_CLASSES),
+    *((scenario, FROZEN_AFTER_GATE) for scenario in WIRE_CLASSES),
     ("reconcilable", SLOW_COMMIT),
     ("idempotent", IN_PROGRESS),
     ("idempotent", TERMINAL),

@@ -15,7 +15,8 @@ Endpoints (JSON)::
     GET  /reconcilable/charges?correlation_key=K
                                  200 with the charge once it is older than
                                  --settlement-delay (DB clock), else 404 not_found
-    GET  /stats                  {"charges", "by_mode", "requests"}
+    GET  /stats                  {"charges", "by_mode", "requests",
+                                  "stale_fencing_refusals"}
     POST /admin/reset            truncate charges, zero counters, clear faults
     POST /admin/faults           {"fault": F, "times": n, "seconds": s}, F one of
                                  reject_next (429 rejected before the DB: the one
@@ -159,6 +160,8 @@ class TargetState:
         self.settlement_delay = settlement_delay
         self.key_retention = key_retention
         self.requests = 0
+        #: Creates refused with 409 stale_fencing_token (nothing committed).
+        self.stale_fencing_refusals = 0
         self.faults: dict[str, int] = {}
         self.fault_seconds: dict[str, float] = {}
         self.stopping = threading.Event()
@@ -258,6 +261,8 @@ class TargetState:
             [mode, key, token],
         ).fetchone()
         if stored is None:  # a newer claim was already seen for this key
+            with self._lock:
+                self.stale_fencing_refusals += 1
             raise HttpError(409, "stale_fencing_token")
 
     def create(
@@ -355,6 +360,7 @@ class TargetState:
             "charges": sum(by_mode.values()),
             "by_mode": by_mode,
             "requests": self.requests,
+            "stale_fencing_refusals": self.stale_fencing_refusals,
         }
 
     def reset(self) -> None:
@@ -363,6 +369,7 @@ class TargetState:
             conn.execute(sql.SQL("TRUNCATE {0}.charges, {0}.fencing").format(self.schema))
         with self._lock:
             self.requests = 0
+            self.stale_fencing_refusals = 0
             self.faults.clear()
 
 

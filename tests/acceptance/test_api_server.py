@@ -364,7 +364,7 @@ def test_a_declared_length_over_the_limit_is_413_without_waiting_for_the_body(
     assert status == 413, body[:500]
     assert headers["connection"] == "close"
     assert json.loads(body) == {
-        "type": "https://effect-broker.invalid/problems/payload_too_large",
+        "type": "/problems/payload_too_large",
         "title": "payload too large",
         "status": 413,
         "code": "payload_too_large",

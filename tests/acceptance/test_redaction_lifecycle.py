@@ -54,6 +54,7 @@ version = "1"
 tool = "{TOOL}"
 safety = "unsafe"
 preview_fields = ["order", "amount_minor"]
+secrets = ["env:CARD_API_KEY"]
 [contract.mcp]
 description = "Charge a card"
 [contract.mcp.input_schema]

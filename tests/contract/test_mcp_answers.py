@@ -331,8 +331,8 @@ def test_the_template_is_what_every_attempt_and_lookup_sends() -> None:
     assert request.downstream_key == lookup.downstream_key == expected
 
 
-def test_the_readme_example_of_reading_text_answers_loads_as_written() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_docs_example_of_reading_text_answers_loads_as_written() -> None:
+    readme = (ROOT / "docs" / "how-to" / "mcp-upstream.md").read_text(encoding="utf-8")
     after = readme.split("An upstream\nwhose key is a name, with both:", 1)[1]
     snippet = after.split("```toml\n", 1)[1].split("```", 1)[0]
     contract = next(iter(parse_contracts(snippet)))

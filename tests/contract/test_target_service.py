@@ -226,6 +226,7 @@ def test_a_stale_fencing_token_is_refused_and_commits_nothing(
     # Then it is refused and nothing is committed
     assert (stale.status_code, stale.json()) == (409, {"error": "stale_fencing_token"})
     assert target.count_charges(key=f"f-{mode}") == rows
+    assert target.stats()["stale_fencing_refusals"] == 1  # counted, for the matrix
     # And a newer claim still goes through
     assert fenced(client, mode, f"f-{mode}", 4).status_code == 200
     # Fencing is per key: another key starts from nothing
@@ -301,6 +302,7 @@ def test_stats_and_reset(target: TargetProcess, client: httpx.Client) -> None:
         "charges": 1,
         "by_mode": {"idempotent": 0, "reconcilable": 0, "unsafe": 1},
         "requests": 1,
+        "stale_fencing_refusals": 0,
     }
     target.reset()
     assert target.stats()["charges"] == target.stats()["requests"] == 0

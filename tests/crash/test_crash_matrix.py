@@ -28,10 +28,10 @@ def test_every_cell_keeps_its_safety_class_promise(matrix) -> None:
     failed = [c for c in cells if c["verdict"] == "FAIL"]
     assert failed == []
     # 4 classes x 6 failpoints, 4 concurrency cells, 3 zombies, 3 target-down,
-    # 4 restarts, 1 restart under load, 11 edge cells (tests/crash/test_edge_cells.py
+    # 4 restarts, 1 restart under load, 15 edge cells (tests/crash/test_edge_cells.py
     # reads those), and 3 classes x 2 kills behind the mcp adapter
     # (tests/crash/test_mcp_adapter_cells.py)
-    assert len(cells) == 56
+    assert len(cells) == 60
 
 
 def test_safe_classes_leave_exactly_one_charge_in_the_target_table(matrix) -> None:

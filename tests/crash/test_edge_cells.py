@@ -96,6 +96,55 @@ def test_a_frozen_transactional_claim_blocks_the_takeover_and_commits_once(
     assert cell["facts"]["stale_writes"]  # the takeover's claim, refused by the fence
 
 
+@pytest.mark.parametrize("scenario", ["idempotent", "reconcilable"])
+def test_a_worker_frozen_between_headers_and_body_sends_not_one_byte_when_thawed(
+    cells: Cells, scenario: str
+) -> None:
+    # Issue 19, item 4: before the fix the headers had left at the freeze and the body
+    # followed on thawing (reconcilable: 2 charges; requests_while_frozen was 2)
+    from examples.crash_matrix.plan import FROZEN_MID_WRITE
+
+    cell = cells[(scenario, FROZEN_MID_WRITE)]
+    assert (cell["target_effects"], cell["receipts"], cell["status"]) == (
+        1,
+        1,
+        "succeeded",
+    )
+    facts = cell["facts"]
+    assert facts["failpoint"] == "between_headers_and_body"
+    assert facts["charges"] == 1
+    assert facts["requests_while_frozen"] == 1  # the takeover's; no frozen headers
+    assert facts["requests"] == 1  # and nothing from the thawed worker afterwards
+    assert "lease_expired" in facts["events"]
+    assert [w["attempted"] for w in facts["stale_writes"]] == [
+        "dispatch_rejected:dispatching->retryable"
+    ]
+    assert facts["thawed_log_says_send_refused"] is True
+
+
+@pytest.mark.parametrize("scenario", ["idempotent", "reconcilable"])
+def test_a_late_request_past_the_send_gate_is_refused_by_the_targets_fence(
+    cells: Cells, scenario: str
+) -> None:
+    from examples.crash_matrix.plan import FROZEN_AFTER_GATE
+
+    cell = cells[(scenario, FROZEN_AFTER_GATE)]
+    assert (cell["target_effects"], cell["receipts"], cell["status"]) == (
+        1,
+        1,
+        "succeeded",
+    )
+    facts = cell["facts"]
+    assert facts["failpoint"] == "after_send_gate"
+    assert facts["charges"] == 1
+    # The late request did reach the target - the gate had passed it - after the
+    # takeover, and the target refused its older fencing token
+    assert (facts["requests_while_frozen"], facts["requests"]) == (1, 2)
+    assert facts["stale_fencing_refusals"] == 1
+    assert "lease_expired" in facts["events"]
+    assert len(facts["stale_writes"]) == 1  # the thawed worker's write, fenced
+
+
 def test_a_slow_commit_with_a_lost_answer_is_found_not_resent(cells: Cells) -> None:
     from examples.crash_matrix.edge_support import SLOW_COMMIT
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ from django.test import Client, override_settings
 
 from effect_broker.models import EffectIntent
 from effect_broker.services.tenants import create_tenant
+from tests import docs_pages
 
 pytestmark = pytest.mark.django_db
 
@@ -158,8 +158,8 @@ def test_get_on_the_batch_path_is_not_an_effect_lookup() -> None:
 
 
 def test_the_readme_batch_example_is_accepted_as_written() -> None:
-    # The body of README's curl example, sent as it is written there
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text("utf-8")
+    # The body of the HTTP API reference's curl example, sent as it is written there
+    readme = docs_pages.page("docs/reference/http-api.md")
     found = re.search(r"/v1/effects/batch \\\n.*?-d '(.*?)'\n", readme, re.S)
     assert found is not None
     client, key = Client(), create_tenant("readme")[1]

@@ -173,7 +173,8 @@ def test_a_payload_conflict_is_typed_and_nothing_is_charged_twice(live, api_key)
                 "order:43:charge:v1", TOOLS["idempotent"], {**ARGS, "amount_minor": 1}
             )
         broker.wait(first.effect_id, timeout=30)
-    assert (error.value.status, error.value.effect_id) == (409, first.effect_id)
+    # The SDK sends the key as Idempotency-Key too, so drift is the draft's 422.
+    assert (error.value.status, error.value.effect_id) == (422, first.effect_id)
     assert "inspect the existing effect" in str(error.value).lower()
     assert not NEW_KEY_ADVICE.search(str(error.value))
     assert live.target.count_charges(mode="idempotent") == 1
@@ -314,3 +315,44 @@ def test_the_async_client_and_decorator_over_real_http(live, api_key) -> None:
     assert result
     assert replay.replayed is True
     assert live.target.count_charges(mode="reconcilable") == 1
+
+
+def test_a_client_written_only_from_the_idempotency_key_draft(live, api_key) -> None:
+    # Given a client that knows the draft, the tool and its arguments, and nothing of
+    # the broker's body format (issue 21's acceptance line), over real HTTP
+    headers = {"Authorization": f"Bearer {api_key}"}
+    body = {"tool": TOOLS["idempotent"], "arguments": ARGS}
+    with httpx.Client(base_url=live.url, headers=headers, trust_env=False) as http:
+
+        def post(key: Any, json: Any = body) -> httpx.Response:
+            keyed = [("Idempotency-Key", k) for k in key] if key else []
+            return http.post("/v1/effects", json=json, headers=keyed)
+
+        first = post(['"order:77:charge"'])
+        again = post(['"order:77:charge"'])
+        drift = post(['"order:77:charge"'], {**body, "arguments": {**ARGS, "x": 1}})
+        missing = post([])
+        twice = post(['"order:78:charge"', '"order:79:charge"'])
+        described = http.get(drift.json()["type"])
+    # Then: a creation (202), a marked replay, the draft's 422, and 400s
+    assert first.status_code == 202
+    assert (again.status_code, again.headers["Idempotent-Replayed"]) == (200, "true")
+    assert again.json()["effect_id"] == first.json()["effect_id"]
+    assert drift.status_code == 422
+    assert drift.headers["Content-Type"] == "application/problem+json"
+    assert drift.json()["code"] == "payload_conflict"
+    assert (missing.status_code, missing.json()["code"]) == (400, "invalid_request")
+    # Two header lines reach the application joined: refused, nothing reserved
+    assert (twice.status_code, twice.json()["field"]) == (400, "Idempotency-Key")
+    assert "one header" in twice.json()["detail"]
+    assert (
+        not EffectIntent.objects.filter(operation_key__startswith="order:7")
+        .exclude(operation_key="order:77:charge")
+        .exists()
+    )
+    # And the problem's type resolves, on the broker that answered
+    assert described.status_code == 200
+    assert "What to do:" in described.text
+    with live.client(api_key) as broker:
+        broker.wait(first.json()["effect_id"], timeout=30)
+    assert live.target.count_charges(mode="idempotent") == 1

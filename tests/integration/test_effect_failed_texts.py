@@ -30,7 +30,9 @@ def replay(bench: Bench, record, safety: SafetyClass) -> EffectFailed:  # type: 
     client = InProcessClient(bench.tenant)
     arguments = {"amount_minor": 100, "ref": record.operation_key}
     with pytest.raises(EffectFailed) as caught:
-        client.perform(TOOLS[safety], record.operation_key, arguments, timeout=1)
+        client.perform(
+            record.operation_key, tool=TOOLS[safety], arguments=arguments, timeout=1
+        )
     return caught.value
 
 

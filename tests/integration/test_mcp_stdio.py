@@ -68,10 +68,10 @@ def test_tool_list_mirrors_the_contracts_and_hides_what_has_no_face(
     key_text = unsafe.input_schema["properties"]["operation_key"]["description"]
     assert "Never generate a fresh random value per call" in key_text
     assert "step" in key_text
-    # Annotations follow the safety class
+    # Annotations (issue 21): the broker makes every proxy tool idempotent per key
     assert unsafe.annotations is not None
     assert unsafe.annotations.destructive_hint is True
-    assert unsafe.annotations.idempotent_hint is False
+    assert unsafe.annotations.idempotent_hint is True
     idempotent = tools["charge_idempotent"]
     assert idempotent.annotations is not None
     assert idempotent.annotations.idempotent_hint is True

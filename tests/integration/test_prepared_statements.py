@@ -294,9 +294,11 @@ def test_the_reservation_with_its_job_stores_the_same_job_prepared_or_not(
 
     # Given the reservation of a new key with its dispatch job, client-bound and
     # prepared
+    before = store.database_now()
     with override_settings(EFFECT_BROKER_DB_PREPARED_STATEMENTS=False):
         plain = reserve("order:prep:job:plain")
     prepared = reserve("order:prep:job:prepared")
+    after = store.database_now()
     assert len(_reserving(_prepared_on_this_connection())) == 1
 
     # Then the rows and the jobs are the same, value for value
@@ -305,13 +307,16 @@ def test_the_reservation_with_its_job_stores_the_same_job_prepared_or_not(
             r.request_hash,
             r.arguments_preview,
             r.created_at,
-            r.next_action_at,
             r.status,
             r.version,
             r.head_digest is not None,
         )
 
     assert comparable(prepared) == comparable(plain)
+    # The first due time is the database's clock at each write (issue 19), both ways
+    for r in (plain, prepared):
+        assert r.next_action_at is not None
+        assert before <= r.next_action_at <= after
     assert _job_of(prepared.effect_id) == _job_of(plain.effect_id)
     stored = EffectIntent.objects.get(pk=prepared.effect_id)
     assert bytes(stored.arguments_ciphertext) == b"\x00sealed\xff"

@@ -46,26 +46,22 @@ from effect_broker.models import EffectIntent
 from effect_broker.services.tenants import create_tenant
 from examples.crash_matrix.target_client import TargetProcess, start_target
 from examples.crash_matrix.workers import WorkerProcess, broker_env
+from tests import docs_pages
 from tests.integration.mcp_support import MANAGEMENT, World
 from tests.job_tables import forget_old_jobs
 from tests.served import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+#: Every documentation file (README.md and the docs site's pages), one text.
+README = docs_pages.all_text()
 PROXY_TOOLS = {"charge_unsafe", "charge_idempotent"}  # tests/integration/mcp_support.py
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def snippet(name: str) -> str:
-    """The fenced block after ``<!-- snippet: NAME ... -->`` in README.md."""
-    found = re.findall(
-        r"<!-- snippet: " + re.escape(name) + r"[ (].*?-->\n```\w*\n(.*?)```",
-        README,
-        flags=re.DOTALL,
-    )
-    assert len(found) == 1, f"README.md has {len(found)} snippets named {name!r}"
-    return str(found[0])
+    """The fenced block after ``<!-- snippet: NAME ... -->`` in the documentation."""
+    return docs_pages.snippet(name)
 
 
 def code_lines(code: str) -> int:
@@ -276,6 +272,28 @@ def test_the_readme_sdk_decorator_example_runs_and_replays_against_a_live_broker
     printed = capsys.readouterr().out.strip()
     assert printed.startswith("True {'charge_id': 'ch_sim_"), printed
     assert printed.endswith("'status': 'succeeded'}")
+    assert EffectIntent.objects.filter(tenant_id=tenant.id).count() == 1
+
+
+@pytest.mark.slow
+def test_the_first_sdk_example_runs_as_printed(
+    live: LiveBroker, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 20: the first SDK block raised NameError (api_key). Given a tenant's key
+    # where the example reads it
+    tenant, api_key = create_tenant(f"first-{uuid.uuid4().hex[:6]}")
+    monkeypatch.setenv("EFFECT_BROKER_API_KEY", api_key)
+    code = snippet("sdk-first")
+    # When it runs as written (against this broker's address)
+    scope: dict[str, Any] = {}
+    runnable = compile(code.replace("http://127.0.0.1:8000", live.url), "docs", "exec")
+    try:
+        exec(runnable, scope)  # noqa: S102
+    finally:
+        scope["broker"].close()
+    # Then it charged once and printed the receipt's result
+    printed = capsys.readouterr().out.strip()
+    assert printed.startswith("charged: {'charge_id': 'ch_sim_"), printed
     assert EffectIntent.objects.filter(tenant_id=tenant.id).count() == 1
 
 

@@ -1,17 +1,25 @@
 """SecretRef through the engine (issue 12, item 6): the reference is what is stored,
 hashed and previewed; only the dispatching worker resolves it; a missing secret is a
-terminal refusal before any send."""
+terminal refusal before any send. Only references the contract declares resolve
+(issue 19, item 11)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from django.db import connection
 from django.test import Client
 
-from effect_broker.domain.errors import InvalidSecretRefError, PayloadConflictError
+from effect_broker.domain.contracts import parse_contracts
+from effect_broker.domain.errors import (
+    InvalidSecretRefError,
+    PayloadConflictError,
+    SecretRefNotDeclaredError,
+)
 from effect_broker.domain.records import EffectRequest
 from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import EffectEvent
@@ -20,9 +28,32 @@ from effect_broker.services.dispatch import dispatch
 from effect_broker.services.secrets import SecretSource
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import create_tenant
-from tests.integration.engine.harness import TOOLS, Bench
+from tests.integration.engine.harness import CONTRACTS, TOOLS, Bench
 
 SECRET = "sk_live_the_real_secret_4242"
+#: What the bench's contracts declare for every tenant in the tests below.
+DECLARED = [
+    "env:STRIPE_KEY",
+    "env:A",
+    "env:B",
+    "env:GONE",
+    "env:K",
+    "file:card-token",
+    "file:theirs",
+]
+
+
+def declaring(refs: list[str], extra: str = "") -> str:
+    """The bench's contracts, each declaring ``refs`` (and ``extra`` TOML lines)."""
+    head = f"[[contract]]\nsecrets = {json.dumps(refs)}\n{extra}"
+    return CONTRACTS.replace("[[contract]]\n", head)
+
+
+@pytest.fixture
+def bench(bench: Bench) -> Iterator[Bench]:
+    registry = parse_contracts(declaring(DECLARED), source="secret-refs")
+    with runtime.override(registry=registry):
+        yield replace(bench, registry=registry)
 
 
 class Capturing:
@@ -144,6 +175,15 @@ def test_file_secrets_are_read_from_the_tenants_own_directory(
         refused = dispatch(theirs.effect.effect_id, worker="w1")
     assert capture.seen == [{"amount_minor": 100, "api_key": "tok_mine"}]
     assert refused.status is EffectStatus.FAILED_FINAL
+    # The reason reaches the tenant (its history): it names no server path.
+    reason = (
+        EffectEvent.objects.filter(effect_id=refused.effect_id)
+        .order_by("-sequence")[0]
+        .metadata["reason"]
+    )
+    assert "the file theirs in this tenant's secrets directory cannot be read" in reason
+    assert str(tmp_path) not in reason
+    assert "/" not in reason
 
 
 def test_a_malformed_reference_is_a_422_naming_the_field_and_nothing_is_stored(
@@ -168,3 +208,93 @@ def test_a_malformed_reference_is_a_422_naming_the_field_and_nothing_is_stored(
     from effect_broker.models import EffectIntent
 
     assert EffectIntent.objects.count() == 0
+
+
+def post_effect(key: str, arguments: dict[str, object], operation_key: str):  # type: ignore[no-untyped-def]
+    return Client().post(
+        "/v1/effects",
+        data=json.dumps(
+            {
+                "operation_key": operation_key,
+                "tool": TOOLS[SafetyClass.UNSAFE],
+                "arguments": arguments,
+            }
+        ),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {key}"},
+    )
+
+
+def test_an_undeclared_reference_is_refused_at_submit_the_same_whether_or_not_it_exists(
+    bench: Bench,
+) -> None:
+    # Given a worker that holds PRESENT and not ABSENT, neither declared by the contract
+    from effect_broker.models import EffectIntent
+
+    key = create_tenant("prober")[1]
+    worker = SecretSource(environ={"EFFECT_BROKER_SECRET_PRESENT": SECRET})
+    answers = []
+    with runtime.override(secrets=worker):
+        for name in ("PRESENT", "ABSENT"):
+            # When a tenant names each in its arguments
+            response = post_effect(
+                key, {"order": "1", "token": {"$secret": f"env:{name}"}}, "order:1:v1"
+            )
+            answers.append((response.status_code, response.json()))
+    # Then both are refused at submit with one answer that does not tell them apart
+    (status, body), (other_status, other_body) = answers
+    assert status == other_status == 422
+    assert body == other_body
+    assert body["code"] == SecretRefNotDeclaredError.code
+    assert body["field"] == "arguments.token"
+    assert body["detail"] == (
+        "arguments.token: this secret reference is not declared by contract "
+        "t.unsafe@1 for this tenant; nothing was written"
+    )
+    assert SECRET not in json.dumps(body)
+    # And nothing was written or scheduled
+    assert EffectIntent.objects.count() == 0
+    assert bench.scheduler.requests == []
+
+
+def test_a_reference_declared_for_one_tenant_resolves_for_it_and_no_other(
+    bench: Bench,
+) -> None:
+    # Given a contract declaring env:ACME_KEY for tenant "acme" only
+    text = declaring([], extra='tenant_secrets = { acme = ["env:ACME_KEY"] }\n')
+    registry = parse_contracts(text, source="per-tenant")
+    capture = Capturing(bench, SafetyClass.UNSAFE)
+    acme_key = create_tenant("acme")[1]
+    other_key = create_tenant("globex")[1]
+    arguments = {"order": "2", "token": {"$secret": "env:ACME_KEY"}}
+    worker = SecretSource(environ={"EFFECT_BROKER_SECRET_ACME_KEY": SECRET})
+    with runtime.override(registry=registry, secrets=worker):
+        # When each tenant submits the same reference
+        accepted = post_effect(acme_key, arguments, "order:2:v1")
+        refused = post_effect(other_key, arguments, "order:2:v1")
+        assert accepted.status_code == 202, accepted.content
+        done = dispatch(accepted.json()["effect_id"], worker="w1")
+    # Then acme's effect got the value; the other tenant was refused at submit
+    assert done.status is EffectStatus.SUCCEEDED
+    assert capture.seen == [{"order": "2", "token": SECRET}]
+    assert refused.status_code == 422
+    assert refused.json()["code"] == SecretRefNotDeclaredError.code
+
+
+def test_dispatch_refuses_a_stored_reference_its_pinned_contract_does_not_declare(
+    bench: Bench,
+) -> None:
+    # Given an effect stored while its contract declared env:STRIPE_KEY
+    record = submit_with_ref(bench, "order:8", "env:STRIPE_KEY", SafetyClass.UNSAFE)
+    # When the same contract version no longer declares it at dispatch
+    registry = parse_contracts(CONTRACTS, source="undeclared")
+    worker = SecretSource(environ={"EFFECT_BROKER_SECRET_STRIPE_KEY": SECRET})
+    with runtime.override(registry=registry, secrets=worker):
+        done = dispatch(record.effect.effect_id, worker="w1")
+    # Then nothing is sent and the effect fails before any attempt
+    assert done.status is EffectStatus.FAILED_FINAL
+    assert bench.adapters[SafetyClass.UNSAFE].sends == []
+    assert done.attempt_count == 0
+    last = EffectEvent.objects.filter(effect_id=done.effect_id).order_by("-sequence")[0]
+    assert last.event_type == "secret_unavailable"
+    assert SecretRefNotDeclaredError.code in last.metadata["reason"]

@@ -7,6 +7,7 @@ name, and every `run:` line calls a command, path or option this project has.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -92,3 +93,47 @@ def test_the_checker_refuses_a_command_that_does_not_exist() -> None:
     ):
         with pytest.raises(AssertionError):
             check_line(bad)
+
+
+def test_ci_run_runs_the_readme_test_command_verbatim() -> None:
+    # The README promises that `.ci/run` runs its Quick start test command exactly.
+    quick_start = (ROOT / "README.md").read_text().split("## Quick start", 1)[1]
+    block = quick_start.split("```bash\n", 1)[1].split("```", 1)[0]
+    [command] = [line for line in block.splitlines() if line.endswith("/pytest")]
+    script = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert command in script
+    # And each pass ends with the slowest tests, so the next round sees where time goes.
+    assert 'export PYTEST_ADDOPTS="--durations=25"' in script
+
+
+def test_the_dev_extra_installs_what_would_otherwise_skip_tests() -> None:
+    # Tests that import an extra skip without it; CI installs only `.[dev]`, so a
+    # missing extra hides its tests in every run (the Stripe adapter's did).
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert {
+        "effect-broker[stripe]",
+        "effect-broker[runtimes]",
+        "effect-broker[demo-agent]",
+        "effect-broker[otel]",
+    } <= set(extras["dev"])
+    assert any(line.startswith("pytest-xdist") for line in extras["dev"])
+
+
+def test_the_readme_skip_count_is_the_sum_of_its_reasons() -> None:
+    # The development page's "Tests" counts what a run skips and breaks it down by
+    # reason; the parts must add up to the count (recount from the `SKIPPED [n]`
+    # lines of `pytest -ra`). It was the README's section before issue 20.
+    page = ROOT / "docs" / "reference" / "development.md"
+    text = " ".join(page.read_text().split("## Tests", 1)[1].split())
+    match = re.search(
+        r"What it skips otherwise \((\d+)\), and why: (\d+) adapter-conformance checks"
+        r" (.*?) the live Stripe test .*? and the two live model tests",
+        text,
+    )
+    assert match, "docs 'Tests' no longer states its skip count and reasons"
+    total, conformance, reasons = int(match[1]), int(match[2]), match[3]
+    per_reason = [int(n) for n in re.findall(r"\((\d+)\)", reasons)]
+    assert sum(per_reason) == conformance, per_reason
+    assert total == conformance + 1 + 2  # + the live Stripe test + two live models

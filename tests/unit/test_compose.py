@@ -62,7 +62,9 @@ def test_the_broker_waits_for_a_migration_that_succeeded(name: str) -> None:
 def test_each_service_checks_its_own_health_on_its_own_port(name: str) -> None:
     check = " ".join(services()[name]["healthcheck"]["test"])
     own_ports = {
-        "api": "8000/healthz",
+        # Readiness, not liveness: it fails when the pool lends no connection
+        # (issue 19: a drained pool made every call a 503 while /healthz said 200).
+        "api": "8000/readyz",
         "worker": "9101/metrics",
         "reconciler": "9102/metrics",
         "target": "8081/stats",
@@ -154,3 +156,12 @@ def test_the_image_runs_as_a_non_root_user_in_stages() -> None:
     ]
     assert users
     assert users[-1] not in {"root", "0"}
+
+
+def test_the_image_health_checks_readiness_which_fails_on_a_drained_pool() -> None:
+    # Issue 19: the image probed /healthz, which stayed 200 while a leak had drained
+    # the pool and every request was a 503; /readyz borrows a connection.
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    check = dockerfile.split("HEALTHCHECK", 1)[1].split("\nCMD [", 1)[0]
+    assert "http://127.0.0.1:8000/readyz" in check
+    assert "/healthz" not in check

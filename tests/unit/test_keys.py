@@ -102,6 +102,17 @@ def test_a_key_too_long_for_the_broker_becomes_a_stable_digest() -> None:
     assert len(business_key("order", "y" * 300)) <= MAX_OPERATION_KEY_LENGTH
 
 
+def test_the_shortening_bound_did_not_move_with_the_brokers_key_limit() -> None:
+    # Issue 21 raised the broker's limit to 255; a key of 201 to 255 characters that
+    # the helpers digested before must still be digested, or a retry across the
+    # upgrade would name a second operation.
+    parts = "y" * 220
+    assert business_key("order", parts) == business_key("order", parts)
+    assert business_key("order", parts).startswith("order:%sha256:")
+    assert temporal_key("wf-" + "x" * 200, "1").startswith("temporal:%sha256:")
+    assert business_key("order", "y" * 185) == "order:" + "y" * 185 + ":v1"
+
+
 @pytest.mark.parametrize(
     ("build", "message"),
     [

@@ -25,24 +25,39 @@ def _registry(safety: str, extra: str = "") -> str:
 
 
 @pytest.mark.parametrize(
-    ("safety", "extra", "idempotent"),
+    ("safety", "extra"),
     [
-        ("unsafe", "", False),
-        ("idempotent", 'key_retention = "1h"\n', True),
-        ("reconcilable", 'settlement_bound = "2s"\n', True),
-        ("transactional", "", True),
+        ("unsafe", ""),
+        ("idempotent", 'key_retention = "1h"\n'),
+        ("reconcilable", 'settlement_bound = "2s"\n'),
+        ("transactional", ""),
     ],
 )
-def test_annotations_follow_the_safety_class(
-    safety: str, extra: str, idempotent: bool
+def test_proxy_annotations_are_the_same_for_every_safety_class(
+    safety: str, extra: str
 ) -> None:
     tools = {t.name: t for t in list_tools(parse_contracts(_registry(safety, extra)))}
     tool = tools[f"t_{safety}"]
     assert set(tools) == MANAGEMENT_NAMES | {f"t_{safety}"}
     assert tool.annotations is not None
-    assert tool.annotations.destructive_hint is True
-    assert tool.annotations.read_only_hint is False
-    assert tool.annotations.idempotent_hint is idempotent
+    # Issue 21: one effect per operation key, enforced by the broker for every class;
+    # every target is outside the broker; destructive unless the contract says not.
+    assert tool.annotations.model_dump(exclude_none=True) == {
+        "read_only_hint": False,
+        "destructive_hint": True,
+        "idempotent_hint": True,
+        "open_world_hint": True,
+    }
+
+
+def test_a_contract_can_say_its_tool_is_not_destructive() -> None:
+    text = _registry("unsafe").replace(
+        "[contract.mcp]\n", "[contract.mcp]\ndestructive = false\n"
+    )
+    tool = {t.name: t for t in list_tools(parse_contracts(text))}["t_unsafe"]
+    assert tool.annotations is not None
+    assert tool.annotations.destructive_hint is False
+    assert tool.annotations.idempotent_hint is True
 
 
 def test_schema_problems_name_nested_and_missing_fields() -> None:

@@ -1,4 +1,5 @@
-"""Every ``effect-broker <command>`` the README tells a user to run exists.
+"""Every ``effect-broker <command>`` the README or a docs page tells a user to run
+exists.
 
 Issue 11: a new user could not run the broker from the README alone. The "Run it"
 steps name commands in order; a renamed or missing command must fail here, not in a
@@ -12,12 +13,14 @@ from pathlib import Path
 
 from django.core.management import get_commands
 
+from tests import docs_pages
+
 ROOT = Path(__file__).resolve().parents[2]
 _COMMAND = re.compile(r"(?:^|[\s(;&|])effect-broker\s+([a-z][a-z_-]*)")
 
 
 def readme_commands() -> set[str]:
-    text = ROOT.joinpath("README.md").read_text(encoding="utf-8")
+    text = docs_pages.all_text()
     blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
     return {m.group(1) for block in blocks for m in _COMMAND.finditer(block)}
 
@@ -28,8 +31,7 @@ def test_every_command_in_the_readme_exists() -> None:
 
 
 def test_run_it_names_the_whole_path_in_order() -> None:
-    text = ROOT.joinpath("README.md").read_text(encoding="utf-8")
-    run_it = text.split("\n## Run it\n", 1)[1].split("\n## ", 1)[0]
+    run_it = docs_pages.page("docs/tutorial/first-hour.md")
     steps = [
         "effect-broker contracts validate",
         "effect-broker migrate",

@@ -1,4 +1,5 @@
-"""Every ``EFFECT_BROKER_*`` variable the code reads is in the README's one table.
+"""Every ``EFFECT_BROKER_*`` variable the code reads is in the docs' one table
+(docs/reference/configuration.md; it was the README's before issue 20).
 
 Issue 11: eight settings were read by the code and documented nowhere. The code's
 side is every quoted ``"EFFECT_BROKER_..."`` literal in ``config/`` and
@@ -51,7 +52,7 @@ def read_in_code() -> set[str]:
 
 
 def configuration_table() -> list[list[str]]:
-    text = ROOT.joinpath("README.md").read_text(encoding="utf-8")
+    text = ROOT.joinpath("docs/reference/configuration.md").read_text(encoding="utf-8")
     section = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     return [re.findall(r"`([^`]+)`", row.split("|")[1]) for row in rows]
@@ -76,7 +77,7 @@ def documented(name: str, table: list[list[str]]) -> bool:
 def test_every_variable_the_code_reads_is_in_the_readme_table() -> None:
     table = configuration_table()
     missing = sorted(n for n in read_in_code() if not documented(n, table))
-    assert missing == [], f"add these to README 'Configuration': {missing}"
+    assert missing == [], f"add these to docs/reference/configuration.md: {missing}"
 
 
 def test_the_table_documents_no_variable_the_code_does_not_read() -> None:

@@ -1,4 +1,5 @@
-"""``effect-broker contracts validate [FILE] [--probe] [--json]`` and
+"""``effect-broker contracts validate [FILE] [--probe] [--json]``;
+``effect-broker contracts schema``: the contracts file's JSON Schema, for editors;
 ``effect-broker contracts conform CONTRACT[@VERSION] [--file FILE] [--json] ...``."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from effect_broker.domain.contract_fields import schema_text
 from effect_broker.management.conform import add_conform_parser, run_conform
 from effect_broker.management.tables import render_table, to_json
 from effect_broker.services.contract_check import probe_targets, validate_file
@@ -41,10 +43,22 @@ class Command(BaseCommand):
         )
         validate.add_argument("--json", action="store_true", help="print JSON")
         add_conform_parser(sub)
+        sub.add_parser(
+            "schema",
+            help="print the JSON Schema of a contracts file (for editors)",
+            description="Print the JSON Schema of a contracts file, generated from the "
+            "one definition of its fields. Save it next to your contracts.toml and put "
+            "'#:schema ./contracts.schema.json' on the file's first line: editors with "
+            "a TOML language server (Taplo, Even Better TOML) then check it as you type. "
+            "The broker's own check stays 'contracts validate'.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["action"] == "conform":
             run_conform(self, options)
+            return
+        if options["action"] == "schema":
+            self.stdout.write(schema_text())
             return
         path = options["file"] or settings.EFFECT_BROKER_CONTRACTS
         report = validate_file(path)

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
 
 from effect_broker.adapters.simulated_adapter import Fault
 from effect_broker.domain.keys import operation_key_digest
@@ -106,13 +106,20 @@ def test_the_worker_span_continues_the_callers_trace_through_the_ledger(bench, s
     assert stored == (f"00-{CALLER_TRACE}-{format(submitted.context.span_id, '016x')}-01")
     # When a worker dispatches it (later, from the ledger alone)
     done = dispatch(answer["effect_id"], worker="w1")
-    (dispatched,) = by_name(spans, "effect_broker.dispatch")
+    (dispatched,) = by_name(spans, f"execute_tool {TOOLS[SafetyClass.IDEMPOTENT]}")
     # Then its span is the submit span's child in the same trace
     assert dispatched.parent is not None
     assert dispatched.parent.span_id == submitted.context.span_id
     assert dispatched.context.trace_id == submitted.context.trace_id
-    # ... and carries exactly the allowed attributes, with the effect's facts
+    # ... and carries exactly the allowed attributes, with the effect's facts: the
+    # GenAI execute_tool convention's (issue 21), then the broker's own
+    assert dispatched.kind is SpanKind.INTERNAL
+    assert dispatched.status.status_code is StatusCode.UNSET
     assert dict(dispatched.attributes or {}) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": TOOLS[SafetyClass.IDEMPOTENT],
+        "gen_ai.tool.call.id": answer["effect_id"],
+        "gen_ai.tool.type": "extension",
         tracing.DIGEST: operation_key_digest(str(tenant.id), key),
         tracing.TOOL: TOOLS[SafetyClass.IDEMPOTENT],
         tracing.CONTRACT_VERSION: "1",
@@ -148,7 +155,22 @@ def test_a_reconciliation_span_is_a_child_of_the_submit_too(bench, spans):
     assert reconciled.parent.span_id == submitted.context.span_id
     assert reconciled.attributes[tracing.STATUS] == "succeeded"
     # The resend inside it is a dispatch attempt, not a second dispatch span
-    assert len(by_name(spans, "effect_broker.dispatch")) == 1
+    assert len(by_name(spans, f"execute_tool {TOOLS[SafetyClass.IDEMPOTENT]}")) == 1
+
+
+def test_a_lost_answer_is_an_execute_tool_span_with_its_stable_error_type(bench, spans):
+    # Given an unsafe target that commits and loses its answer
+    bench.targets[SafetyClass.UNSAFE].inject(Fault.LOSE_RESPONSE)
+    record = bench.submit(SafetyClass.UNSAFE)
+    # When a worker dispatches it
+    assert dispatch(record.effect_id, worker="w1").status.value == "outcome_unknown"
+    # Then the execute_tool span says how it ended by the stable code, and no more
+    (span,) = by_name(spans, f"execute_tool {TOOLS[SafetyClass.UNSAFE]}")
+    assert span.attributes["error.type"] == "outcome_unknown"
+    assert span.attributes["gen_ai.tool.call.id"] == record.effect_id
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.status.description == "outcome_unknown"
+    assert_only_allowed(span, record.operation_key, str(SECRET_AMOUNT), SECRET_NOTE)
 
 
 def test_without_a_configured_provider_nothing_is_stored_or_exported(bench):

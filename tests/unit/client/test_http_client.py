@@ -310,3 +310,38 @@ def test_arguments_that_are_not_an_object_are_refused_before_sending(
     with pytest.raises(InvalidRequest, match="JSON object"):
         client_for(broker, clock).submit("k:1", "charge_card", [1, 2])  # type: ignore[arg-type]
     assert broker.requests == []
+
+
+@pytest.mark.parametrize(
+    ("key", "header"),
+    [
+        ("order:42:charge:v1", '"order:42:charge:v1"'),
+        ('say "hi" \\ there', '"say \\"hi\\" \\\\ there"'),
+        # Outside printable ASCII a key cannot be a Structured Field String: the body
+        # alone carries it.
+        ("bestellung:Zoë:1", None),
+    ],
+    ids=["plain", "escaped", "non-ascii"],
+)
+def test_submit_sends_the_key_as_the_drafts_idempotency_key_header(
+    broker, clock, key: str, header: str | None
+) -> None:
+    # Issue 21: the SDK speaks the draft too, and keeps the key in the body (the
+    # same key both ways), so an older broker that ignores the header still works.
+    broker.script = [httpx.Response(202, json=effect_json(created=True)) for _ in "ab"]
+    client_for(broker, clock).submit(key, "charge_card", ARGS)
+
+    async def scenario() -> None:
+        http = httpx.AsyncClient(
+            base_url="http://broker.test", transport=httpx.MockTransport(broker)
+        )
+        async with AsyncBrokerClient(
+            "http://broker.test", "eb_test", http_client=http, retry=POLICY
+        ) as client:
+            await client.submit(key, "charge_card", ARGS)
+
+    asyncio.run(scenario())
+    assert len(broker.requests) == 2  # the sync client's, then the async one's
+    for request in broker.requests:
+        assert request.headers.get("Idempotency-Key") == header
+        assert json.loads(request.content)["operation_key"] == key

@@ -141,7 +141,9 @@ def test_running_out_of_time_while_in_progress_is_a_wait_timeout(clock) -> None:
 
 def test_perform_returns_the_receipt_result(clock) -> None:
     broker = FakeBroker(clock, ["succeeded"])
-    assert broker.perform("charge_card", "k:1", {"a": 1}) == {"charge_id": "ch_1"}
+    assert broker.perform("k:1", tool="charge_card", arguments={"a": 1}) == {
+        "charge_id": "ch_1"
+    }
 
 
 @pytest.mark.parametrize(
@@ -152,7 +154,7 @@ def test_perform_raises_for_a_settled_effect_that_did_not_succeed(
     clock, status, error
 ) -> None:
     with pytest.raises(error):
-        FakeBroker(clock, [status]).perform("charge_card", "k:1", {"a": 1})
+        FakeBroker(clock, [status]).perform("k:1", tool="charge_card", arguments={"a": 1})
 
 
 @pytest.mark.parametrize(
@@ -278,3 +280,14 @@ def test_the_async_wait_raises_an_unknown_outcome_plainly(clock) -> None:
     broker = AsyncFakeBroker(FakeBroker(clock, ["manual_review"]), clock)
     with pytest.raises(OutcomeUnknown):
         asyncio.run(broker.wait("e", timeout=5))
+
+
+def test_perform_in_the_old_order_is_a_type_error_that_shows_the_new_call(clock) -> None:
+    # Issue 23: perform(tool, operation_key, ...) ran the reverse of submit's order,
+    # and the natural positional call failed with UnknownContract
+    broker = FakeBroker(clock, ["succeeded"])
+    with pytest.raises(TypeError, match=r"perform\(operation_key, tool=\.\.\., "):
+        broker.perform("charge_card", "k:1", {"a": 1})  # type: ignore[misc]
+    with pytest.raises(TypeError, match="by keyword"):
+        broker.perform("k:1")  # type: ignore[call-arg]
+    assert broker.submitted == []  # nothing was submitted

@@ -11,13 +11,13 @@ def names(cells: list[plan.CellId]) -> list[str]:
     return [cell.name for cell in cells]
 
 
-def test_a_full_run_plans_56_cells_with_unique_names() -> None:
+def test_a_full_run_plans_60_cells_with_unique_names() -> None:
     cells = plan.all_cells()
     # 4 classes x 6 failpoints, 4 concurrency cells, 3 zombies, 3 target-down,
-    # 4 restarts, 1 restart under load, 11 edge cells, 3 classes x 2 kills behind
+    # 4 restarts, 1 restart under load, 15 edge cells, 3 classes x 2 kills behind
     # the mcp adapter
-    assert len(cells) == 56
-    assert len(set(names(cells))) == 56
+    assert len(cells) == 60
+    assert len(set(names(cells))) == 60
     # --only splits on commas: no cell name may hold one
     assert not [name for name in names(cells) if "," in name]
 

@@ -277,10 +277,39 @@ RULES = [
         "contract 'p.x' v1: field 'retry_limt': unknown key; did you mean "
         "'retry_limit'? (allowed: active, adapter, adapter_options, attempt_timeout, "
         "backoff_initial, backoff_max, description, key_alphabet, key_retention, "
-        "key_template, mcp, name, "
-        "preview_fields, retry_limit, safety, sandbox, settlement_bound, tool, "
-        "unknown_alert_after, upstream, version)",
+        "key_template, mcp, name, preview_fields, retry_limit, safety, sandbox, "
+        "secrets, settlement_bound, tenant_secrets, tool, unknown_alert_after, "
+        "upstream, version)",
         id="unknown key",
+    ),
+    pytest.param(
+        _one(MINIMAL + 'secrets = "env:STRIPE_KEY"\n'),
+        "contract 'p.x' v1: field 'secrets': must be a list such as [\"env:STRIPE_KEY\"]",
+        id="secrets not a list",
+    ),
+    pytest.param(
+        _one(MINIMAL + 'secrets = ["STRIPE_KEY"]\n'),
+        "contract 'p.x' v1: field 'secrets': 'STRIPE_KEY' is not a secret reference: "
+        "write 'env:NAME' or 'file:NAME' (one file name, no path)",
+        id="secrets entry without scheme",
+    ),
+    pytest.param(
+        _one(MINIMAL + 'secrets = ["file:../other-tenant/key"]\n'),
+        "contract 'p.x' v1: field 'secrets': 'file:../other-tenant/key' is not a "
+        "secret reference: write 'env:NAME' or 'file:NAME' (one file name, no path)",
+        id="secrets entry with a path",
+    ),
+    pytest.param(
+        _one(MINIMAL + 'tenant_secrets = ["env:K"]\n'),
+        "contract 'p.x' v1: field 'tenant_secrets': must be a table "
+        "([contract.tenant_secrets]) of tenant name = [references]",
+        id="tenant_secrets not a table",
+    ),
+    pytest.param(
+        _one(MINIMAL + "tenant_secrets = { acme = [3] }\n"),
+        "contract 'p.x' v1: field 'tenant_secrets.acme': 3 is not a secret reference: "
+        "write 'env:NAME' or 'file:NAME' (one file name, no path)",
+        id="tenant_secrets entry not text",
     ),
     pytest.param(
         _one(MINIMAL) + _one(MINIMAL),
@@ -464,3 +493,24 @@ preview_fields = ["$hidden_fields"]
 """
     with pytest.raises(ContractError, match="preview_fields"):
         parse_contracts(toml, source="inline")
+
+
+def test_declared_secrets_are_the_contracts_and_the_tenants_own() -> None:
+    text = _one(
+        MINIMAL + 'secrets = ["env:SHARED"]\n'
+        'tenant_secrets = { acme = ["env:ACME_KEY", "file:card-token"] }\n'
+    )
+    contract = parse_contracts(text).for_tool("p.x")
+    assert contract.secrets == ("env:SHARED",)
+    assert contract.declared_secrets("acme") == {
+        "env:SHARED",
+        "env:ACME_KEY",
+        "file:card-token",
+    }
+    assert contract.declared_secrets("globex") == {"env:SHARED"}
+
+
+def test_a_contract_without_secrets_declares_none() -> None:
+    assert parse_contracts(_one(MINIMAL)).for_tool("p.x").declared_secrets("acme") == (
+        frozenset()
+    )

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from effect_broker.domain.errors import InvalidSecretRefError
+from effect_broker.domain.errors import InvalidSecretRefError, SecretRefNotDeclaredError
 from effect_broker.domain.payload_crypto import HIDDEN_FIELDS, redacted_preview
-from effect_broker.domain.secret_refs import SecretRef, find_refs, resolve_refs
+from effect_broker.domain.secret_refs import (
+    SecretRef,
+    find_refs,
+    refuse_undeclared,
+    resolve_refs,
+)
 
 
 def test_references_are_found_at_any_depth_with_their_field() -> None:
@@ -61,3 +66,20 @@ def test_an_allowed_field_previews_as_its_reference_and_others_stay_hidden() -> 
 def test_a_malformed_reference_in_a_result_is_not_previewed() -> None:
     output = {"id": {"$secret": "env:K", "leak": "sk_live_9"}}
     assert redacted_preview(output, ["id"]) == {"id": "<redacted>"}
+
+
+def test_an_undeclared_reference_is_refused_with_one_message_for_any_name() -> None:
+    messages = []
+    for name in ("HELD_BY_THE_WORKER", "NOT_HELD"):
+        found = find_refs({"token": {"$secret": f"env:{name}"}})
+        with pytest.raises(SecretRefNotDeclaredError) as refused:
+            refuse_undeclared(found, frozenset({"env:OTHER"}), contract="p.x@1")
+        messages.append(str(refused.value))
+        assert refused.value.details["field"] == "arguments.token"
+    assert messages[0] == messages[1]
+    assert "HELD" not in messages[0]
+
+
+def test_declared_references_pass() -> None:
+    found = find_refs({"a": {"$secret": "env:K"}, "b": [{"$secret": "file:f"}]})
+    refuse_undeclared(found, frozenset({"env:K", "file:f"}), contract="p.x@1")

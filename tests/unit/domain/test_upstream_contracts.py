@@ -14,6 +14,7 @@ from effect_broker.domain.contracts import EffectContract, load_contracts, parse
 from effect_broker.domain.errors import ContractError
 from effect_broker.domain.states import SafetyClass
 from effect_broker.domain.upstream import METHOD_NOT_FOUND, McpUpstream
+from tests import docs_pages
 
 
 def contract(safety: str, upstream: str, extra: str = "", adapter: str = "mcp") -> str:
@@ -233,12 +234,7 @@ def test_the_readme_worked_example_loads_as_written_and_matches_the_example_file
     None
 ):
     root = Path(__file__).resolve().parents[3]
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    (block,) = re.findall(
-        r"<!-- snippet: mcp-adapter-contract[ (].*?-->\n```toml\n(.*?)```",
-        readme,
-        flags=re.DOTALL,
-    )
+    block = docs_pages.snippet("mcp-adapter-contract")
     # Read as if it were examples/contracts.toml (its cwd is relative to that file)
     (shown,) = parse_contracts(block, source=str(root / "examples" / "contracts.toml"))
     example = load_contracts(root / "examples" / "contracts.toml").for_tool(shown.tool)

@@ -8,7 +8,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("effect_broker", "0014_notify_settling_changes_only"),
+        ("effect_broker", "0015_tenancy_admin_login_failures"),
     ]
 
     operations = [
