@@ -366,3 +366,37 @@ class AdminLoginFailure(models.Model):
 
     class Meta:
         db_table = "admin_login_failures"
+
+
+class ConformanceRun(models.Model):
+    """One ``contracts conform`` run against a contract version's target (issue 22).
+
+    Not ledger history: a record of what was proved, read by ``doctor`` and by the
+    start of ``worker`` / ``serve``, per contract name and version (a new version is
+    a new promise and needs its own run).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    contract_name = models.CharField(max_length=200)
+    contract_version = models.CharField(max_length=100)
+    safety = models.CharField(max_length=32)
+    #: The target's origin (scheme://host:port), never a path, key or token.
+    target = models.CharField(max_length=300)
+    passed = models.BooleanField()
+    #: One object per check: check, promise, outcome, evidence.
+    rows = models.JSONField()
+    effect_requests = models.IntegerField()
+    ran_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "conformance_runs"
+        indexes = [
+            models.Index(
+                fields=["contract_name", "contract_version", "-ran_at"],
+                name="conformance_runs_latest",
+            )
+        ]
+
+    def __str__(self) -> str:
+        verdict = "passed" if self.passed else "failed"
+        return f"{self.contract_name}@{self.contract_version} {verdict}"

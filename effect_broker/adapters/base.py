@@ -88,8 +88,9 @@ class DispatchRequest:
 
     @property
     def downstream_key(self) -> str:
-        """The one idempotency key of this effect, identical on every attempt."""
-        return self.effect.downstream_key
+        """The one idempotency key of this effect, identical on every attempt, as the
+        contract writes it to the target (``key_template``, ``key_alphabet``)."""
+        return self.contract.upstream_key(self.effect.downstream_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +103,9 @@ class ProbeRequest:
 
     @property
     def downstream_key(self) -> str:
-        """The correlation key the target recorded, if it did."""
-        return self.effect.downstream_key
+        """The correlation key the target recorded, if it did (as the contract
+        writes it: ``key_template``, ``key_alphabet``)."""
+        return self.contract.upstream_key(self.effect.downstream_key)
 
 
 @dataclass(frozen=True, slots=True)

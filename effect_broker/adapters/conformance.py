@@ -284,7 +284,9 @@ class AdapterConformance:
         raise AssertionError(f"{what}: expected {error.__name__}, got result {result!r}")
 
     def _count(self, key: str | None, expected: int, why: str) -> None:
-        actual = self.harness.effect_count(key)
+        # The target holds the key as the contract writes it (key_template).
+        written = self.contract.upstream_key(key) if key is not None else None
+        actual = self.harness.effect_count(written)
         assert actual == expected, (
             f"{why}: target holds {actual} effect(s), not {expected}"
         )

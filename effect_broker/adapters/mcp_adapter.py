@@ -1,8 +1,10 @@
 """The ``mcp`` adapter: the broker in front of an existing MCP server (issue 10, item 4).
 
-Each attempt opens one session with the upstream server through the official MCP
+Each attempt uses one session with the upstream server through the official MCP
 client (``stdio_client`` or ``streamable_http_client`` + ``ClientSession``) and writes
-exactly one ``tools/call``. The MCP client has no resend of a request: a timeout ends
+exactly one ``tools/call``: a new session per attempt over HTTP; over stdio one kept
+process per worker, pinged before each use and restarted when it died or lost an
+answer (mcp_sessions.py). The MCP client has no resend of a request: a timeout ends
 the wait and nothing is sent again (the streamable HTTP transport's only reconnection
 is a GET that resumes an answer stream, never a second POST). The broker, not the
 client, decides what happens next, by the one question that matters (spec "State
@@ -47,7 +49,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -65,6 +67,8 @@ from effect_broker.adapters.base import (
     ProbeRequest,
     ProbeResult,
 )
+from effect_broker.adapters.mcp_answers import ReadAnswer, read_answer
+from effect_broker.adapters.mcp_sessions import StdioSessions
 from effect_broker.domain.canonical import parse_json_strict
 from effect_broker.domain.contracts import EffectContract
 from effect_broker.domain.errors import (
@@ -77,7 +81,7 @@ from effect_broker.domain.errors import (
     TerminalAdapterError,
 )
 from effect_broker.domain.states import ProbeStatus
-from effect_broker.domain.upstream import McpUpstream
+from effect_broker.domain.upstream import AnswerReading, McpUpstream
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -195,6 +199,26 @@ class McpAdapter(EffectAdapter):
                 'adapter = "mcp" needs [contract.upstream]', contract=contract.name
             )
         self.upstream: McpUpstream = contract.upstream
+        # A stdio server is kept between attempts and lookups, one process per
+        # worker, restarted when it dies (mcp_sessions.py; issue 22, item 4).
+        self._sessions = (
+            StdioSessions(self.upstream) if self.upstream.url is None else None
+        )
+
+    def close(self) -> None:
+        """Stop the kept stdio server, if any."""
+        if self._sessions is not None:
+            self._sessions.close()
+
+    def _run(self, fn: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+        if self._sessions is not None:
+            return self._sessions.run(lambda: fn(*args))
+        return run_async(fn, *args)
+
+    def _open(self, connect_timeout: float) -> AbstractAsyncContextManager[ClientSession]:
+        if self._sessions is not None:
+            return self._sessions.session(connect_timeout)
+        return open_upstream(self.upstream, connect_timeout)
 
     # --- dispatch ----------------------------------------------------------------
 
@@ -212,7 +236,7 @@ class McpAdapter(EffectAdapter):
                 "the attempt's time limit was spent before anything was sent",
                 adapter=self.name,
             )
-        result = run_async(self._call, request, arguments, started, limit)
+        result = self._run(self._call, request, arguments, started, limit)
         return self._classify(request, result)
 
     async def _call(
@@ -233,7 +257,7 @@ class McpAdapter(EffectAdapter):
         sent = False
         try:
             connect = min(upstream.connect_timeout.total_seconds(), left())
-            async with open_upstream(upstream, connect) as session:
+            async with self._open(connect) as session:
                 try:
                     with anyio.fail_after(max(0.0, left())):
                         tool = await find_tool(session, upstream.tool)
@@ -269,6 +293,9 @@ class McpAdapter(EffectAdapter):
             if outcome is None:
                 outcome = self._failed(request, exc, sent=sent)
             # else: the answer (or the decision) came before the teardown failed.
+        if self._sessions is not None and isinstance(outcome, OutcomeUnknownError):
+            # A process that lost an answer is not trusted with the next call.
+            await self._sessions.discard()
         if isinstance(outcome, AdapterError):
             raise outcome
         if outcome is None:  # pragma: no cover - every path above sets it
@@ -336,6 +363,11 @@ class McpAdapter(EffectAdapter):
         self, request: DispatchRequest, result: types.CallToolResult
     ) -> DispatchResult:
         upstream = self.upstream
+        if upstream.answer is not None:
+            read = read_answer(result, upstream.answer, upstream.external_id_field)
+            decided = self._by_reading(request, result, read)
+            if decided is not None:
+                return decided
         document = result_document(result)
         if result.is_error:
             code = document.get(upstream.error_field) if document else None
@@ -374,6 +406,47 @@ class McpAdapter(EffectAdapter):
         )
         return DispatchResult(external_id=external_id, output=document)
 
+    def _by_reading(
+        self, request: DispatchRequest, result: types.CallToolResult, read: ReadAnswer
+    ) -> DispatchResult | None:
+        """Decide by ``[contract.upstream.answer]``; None: the code lists decide (an
+        ``isError`` answer whose value means nothing listed)."""
+        details: dict[str, object] = {"adapter": self.name, "upstream_answer": read.value}
+        if read.meaning in ("committed", "already_done") or (
+            read.meaning == "other" and not result.is_error
+        ):
+            self._log(request, f"answer:{read.meaning}")
+            output: dict[str, object] = dict(read.evidence)
+            if read.meaning == "already_done":
+                # The key already took effect: the earlier attempt committed. The
+                # answer is the evidence, kept with the receipt.
+                output["already_done"] = read.value
+            document = read.evidence.get("document")
+            if isinstance(document, dict) and read.meaning != "already_done":
+                output = dict(document)
+            return DispatchResult(external_id=read.external_id, output=output)
+        if read.meaning == "not_committed":
+            self._log(request, "answer:not_committed")
+            raise RetryableAdapterError(
+                f"the upstream answered {read.value!r}, documented as not committed",
+                **details,
+            )
+        if read.meaning == "failed":
+            self._log(request, "answer:failed")
+            raise TerminalAdapterError(
+                f"the upstream recorded the call as failed ({read.value!r})",
+                external_id=read.external_id,
+                **details,
+            )
+        if read.meaning == "unread" and not result.is_error:
+            self._log(request, "answer:unread")
+            raise OutcomeUnknownError(
+                "the upstream's answer does not carry the value "
+                "[contract.upstream.answer] reads; the outcome is unknown",
+                **details,
+            )
+        return None
+
     # --- lookup ------------------------------------------------------------------
 
     def _lookup(self, request: ProbeRequest) -> ProbeResult:
@@ -393,8 +466,10 @@ class McpAdapter(EffectAdapter):
                 evidence={"reason": f"argument {upstream.lookup_by!r} is not a key"},
             )
         checked_at = datetime.now(UTC)
-        result = run_async(self._lookup_call, {upstream.lookup_key_argument: key})
+        result = self._run(self._lookup_call, {upstream.lookup_key_argument: key})
         evidence: dict[str, object] = {"checked_at": checked_at.isoformat()}
+        if upstream.lookup_answer is not None:
+            return self._lookup_by_reading(result, upstream.lookup_answer, evidence)
         document = result_document(result)
         if result.is_error or document is None:
             evidence["upstream_error"] = (
@@ -415,12 +490,34 @@ class McpAdapter(EffectAdapter):
             evidence=evidence,
         )
 
+    def _lookup_by_reading(
+        self,
+        result: types.CallToolResult,
+        reading: AnswerReading,
+        evidence: dict[str, object],
+    ) -> ProbeResult:
+        read = read_answer(result, reading, self.upstream.external_id_field)
+        evidence.update(read.evidence)
+        evidence["read"] = read.value
+        if read.meaning == "committed":
+            document = read.evidence.get("document")
+            return ProbeResult(
+                status=ProbeStatus.COMMITTED,
+                external_id=read.external_id,
+                output=dict(document) if isinstance(document, dict) else read.evidence,
+                evidence=evidence,
+            )
+        if read.meaning == "not_committed":
+            return ProbeResult(status=ProbeStatus.NOT_COMMITTED, evidence=evidence)
+        evidence["reason"] = "the lookup's answer proves neither way"
+        return ProbeResult(status=ProbeStatus.UNKNOWN, evidence=evidence)
+
     async def _lookup_call(self, arguments: dict[str, Any]) -> types.CallToolResult:
         upstream = self.upstream
         assert upstream.lookup_tool is not None
         timeout = upstream.timeout.total_seconds()
         # Any failure raises, and the base class turns it into UNKNOWN.
-        async with open_upstream(upstream, upstream.connect_timeout.total_seconds()) as s:
+        async with self._open(upstream.connect_timeout.total_seconds()) as s:
             return await s.call_tool(
                 upstream.lookup_tool, arguments, read_timeout_seconds=timeout
             )

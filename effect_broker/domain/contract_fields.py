@@ -156,6 +156,28 @@ CONTRACT: tuple[ContractField, ...] = (
         "The upstream MCP server and tool "
         '([contract.upstream]); required for adapter = "mcp".',
     ),
+    ContractField(
+        "sandbox",
+        FLAG,
+        "The target is a sandbox: `contracts conform` may send it requests without "
+        "--yes-send-requests.",
+        "false",
+    ),
+    ContractField(
+        "key_template",
+        {**TEXT, "pattern": "^(?!-).*\\{key\\}"},
+        'How the downstream key is written to the target, e.g. "eb-{key}" for an '
+        "upstream whose key is a name: {key} exactly once, no other braces, never "
+        "starting with '-'.",
+        '"{key}"',
+    ),
+    ContractField(
+        "key_alphabet",
+        {"enum": ["base64url", "hex"]},
+        "hex: the same key as 64 lowercase hex digits, which never start with '-' "
+        "(a base64url key does, 1 time in 64); used by every attempt and lookup.",
+        "base64url",
+    ),
 )
 
 MCP: tuple[ContractField, ...] = (
@@ -280,6 +302,60 @@ UPSTREAM: tuple[ContractField, ...] = (
         "10s",
     ),
     ContractField("timeout", DURATION, "The tools/call answer.", "10s"),
+    ContractField(
+        "answer",
+        TABLE,
+        "How to read a call's answer ([contract.upstream.answer]): one value, by "
+        "a JSON pointer or a regular expression, and what it proves.",
+    ),
+    ContractField(
+        "lookup_answer",
+        TABLE,
+        "How to read the lookup tool's answer ([contract.upstream.lookup_answer]), "
+        "instead of found_field; committed and not_committed are both required.",
+    ),
+)
+
+#: ``[contract.upstream.answer]`` and ``[contract.upstream.lookup_answer]``.
+ANSWER: tuple[ContractField, ...] = (
+    ContractField(
+        "pointer",
+        {"type": "string", "pattern": "^(/.*)?$"},
+        "A JSON pointer into the structured content, or into a text block that is "
+        "JSON (give pointer or pattern).",
+    ),
+    ContractField(
+        "pattern",
+        TEXT,
+        'A regular expression over the text content: its "status" group, else the '
+        "whole match, is the value.",
+    ),
+    ContractField(
+        "id_pointer",
+        {"type": "string", "pattern": "^(/.*)?$"},
+        "With a pointer: where the external id is.",
+        "the upstream's external_id_field",
+    ),
+    ContractField(
+        "id_pattern",
+        TEXT,
+        'With a pattern: a regular expression for the external id (its "id" group, '
+        "else its first group, else the match).",
+    ),
+    ContractField("committed", TEXTS, "Values meaning committed (lookup: found)."),
+    ContractField(
+        "not_committed",
+        TEXTS,
+        "Values documented as not committed: retryable (lookup: not found).",
+    ),
+    ContractField("failed", TEXTS, "Values meaning committed, but failed: terminal."),
+    ContractField(
+        "already_done",
+        TEXTS,
+        'Calls only: values proving this key already took effect ("already exists" '
+        "when the key is a name): the commit found again, the answer kept as "
+        "evidence. Needs key_argument.",
+    ),
 )
 
 PASSTHROUGH: tuple[ContractField, ...] = (
@@ -320,7 +396,7 @@ def _table(fields: tuple[ContractField, ...], **nested: Any) -> dict[str, Any]:
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of a contracts file, for editors (``#:schema`` in the TOML)."""
-    upstream = _table(UPSTREAM)
+    upstream = _table(UPSTREAM, answer=_table(ANSWER), lookup_answer=_table(ANSWER))
     passthrough_upstream = {**upstream, "required": []}  # tool defaults to the entry's
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

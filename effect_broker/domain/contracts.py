@@ -29,6 +29,12 @@ File format (``contracts.toml``)::
     [contract.tenant_secrets]      # optional: references only one tenant may use,
     acme = ["file:card-token"]     #   by tenant name (see domain/secret_refs.py)
     active = true                  # at most one active contract per tool; default true
+    sandbox = false                # true: the target is a sandbox, so `contracts
+                                   #   conform` may send it requests; default false
+    key_template = "eb-{key}"      # how the key is sent, for an upstream whose key is
+                                   #   a name; default "{key}"
+    key_alphabet = "hex"           # "base64url" (default) | "hex": 64 lowercase hex
+                                   #   digits, never starting with "-"
     description = "Charge a card"  # optional
     [contract.adapter_options]     # optional table, passed to the adapter as is
     url = "http://127.0.0.1:8081/charges"
@@ -76,11 +82,28 @@ An upstream MCP server (``adapter = "mcp"``; issue 10, item 4) is named in
     terminal_rpc_codes = [-32601]  # JSON-RPC errors meaning nothing ran (default)
     connect_timeout = "10s"        # start + initialize, before tools/call is written
     timeout = "10s"                # the tools/call answer
+    [contract.upstream.answer]     # optional: how to read a call's answer
+    pattern = "Created|already exists"   # a regex over the text (its "status"
+                                   #   group, else the match), or instead
+    # pointer = "/status"          # a JSON pointer into the structured content or a
+                                   #   text block that is JSON
+    id_pattern = "id (rec_[0-9]+)" # the external id (id_pointer with a pointer)
+    committed = ["Created"]        # committed (any other value of a non-error answer
+                                   #   too; no value at all is unknown)
+    not_committed = []             # documented as not committed: retryable
+    failed = []                    # committed, but failed: terminal
+    already_done = ["already exists"]  # this key already took effect: committed,
+                                   #   the answer kept as evidence (needs key_argument)
+    [contract.upstream.lookup_answer]  # optional, instead of found_field: the same,
+    pattern = "^Record|no record"  #   committed -> found, not_committed -> not
+    committed = ["Record"]         #   found (both required), else unknown
+    not_committed = ["no record"]
 
-The safety class follows what the upstream tool can prove, checked here: unsafe by
-default; idempotent only with ``key_argument``; reconcilable only with ``lookup_tool``
-(and ``settlement_bound``); never transactional. A read-only upstream tool can be
-mirrored on the broker's MCP server with no ledger, as a top-level table::
+The safety class follows what the upstream tool can prove, checked here. It is
+required, as for every contract (no class is assumed; write ``unsafe`` for a tool
+that proves nothing); idempotent only with ``key_argument``; reconcilable only with
+``lookup_tool`` (and ``settlement_bound``); never transactional. A read-only upstream
+tool can be mirrored on the broker's MCP server with no ledger, as a top-level table::
 
     [[passthrough]]
     tool = "charge_stats"          # the name listed (and, by default, the upstream's)
@@ -122,6 +145,7 @@ from effect_broker.domain.errors import (
     InvalidSecretRefError,
     UnknownContractError,
 )
+from effect_broker.domain.keys import KEY_ALPHABETS, spell_key
 from effect_broker.domain.secret_refs import parse_ref_text
 from effect_broker.domain.states import SafetyClass
 from effect_broker.domain.upstream import (
@@ -231,6 +255,13 @@ class EffectContract:
     tenant_secrets: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    #: The target is a sandbox: ``contracts conform`` may send it real requests
+    #: without ``--yes-send-requests`` (issue 22, item 1).
+    sandbox: bool = False
+    #: How the downstream key is written to the target: ``{key}`` replaced by the key
+    #: spelled in ``key_alphabet`` (issue 22, item 3: upstreams whose key is a name).
+    key_template: str = "{key}"
+    key_alphabet: str = "base64url"
 
     def __post_init__(self) -> None:
         # Contracts built in code get the same invariants as contracts from a file;
@@ -287,6 +318,9 @@ class EffectContract:
             self._fail("active", "must be true or false")
         if not isinstance(self.description, str):
             self._fail("description", "must be a string")
+        if not isinstance(self.sandbox, bool):
+            self._fail("sandbox", "must be true or false")
+        self._check_key_spelling()
         if self.mcp is not None and not isinstance(self.mcp, McpFace):
             self._fail("mcp", "must be an McpFace")
         self._check_upstream()
@@ -322,6 +356,27 @@ class EffectContract:
     def label(self) -> str:
         """``name@version``, as errors and events name a pinned contract."""
         return f"{self.name}@{self.version}"
+
+    def _check_key_spelling(self) -> None:
+        if self.key_alphabet not in KEY_ALPHABETS:
+            self._fail("key_alphabet", f"must be one of {', '.join(KEY_ALPHABETS)}")
+        template = self.key_template
+        if not isinstance(template, str) or template.count("{key}") != 1:
+            self._fail("key_template", 'must contain "{key}" exactly once')
+        rest = template.replace("{key}", "")
+        if "{" in rest or "}" in rest:
+            self._fail("key_template", 'may hold no braces other than "{key}"')
+        if template.startswith("-"):
+            # An upstream whose key is a name may read "-..." as an option.
+            self._fail("key_template", "must not start with '-'")
+        if len(rest) > 136:
+            self._fail("key_template", "makes keys longer than 200 characters")
+
+    def upstream_key(self, downstream_key: str) -> str:
+        """The downstream key as this contract writes it to the target."""
+        return self.key_template.replace(
+            "{key}", spell_key(downstream_key, self.key_alphabet)
+        )
 
     def _check_upstream(self) -> None:
         # Guarantee vocabulary for the mcp adapter: the class follows what the
@@ -379,6 +434,18 @@ class EffectContract:
         ):
             return self.backoff_max
         return self.backoff_initial * 2**exponent
+
+    def lookup_backoff(self, waited: timedelta, jitter: float) -> timedelta:
+        """The delay before the next lookup after an inconclusive one (issue 22,
+        item 4): as long as the lookups have waited already (``waited``, since the
+        settlement deadline), so successive delays grow geometrically, at least
+        ``backoff_initial`` and at most ``backoff_max``; then "equal jitter": half of
+        it, plus ``jitter`` (in [0, 1)) times the other half, so workers that lost
+        many answers at once do not look them all up in the same instant."""
+        if not 0.0 <= jitter < 1.0:
+            raise ValueError(f"jitter must be in [0, 1), got {jitter}")
+        base = min(self.backoff_max, max(self.backoff_initial, waited))
+        return base / 2 + base / 2 * jitter
 
 
 class ContractRegistry:
@@ -513,7 +580,15 @@ def _parse_one(raw: object, index: int, source: str) -> EffectContract:
     for required in ("name", "version", "safety"):
         if required not in table:
             raise error("is required", required, label, version)
-    for text_field in ("name", "version", "tool", "adapter", "description"):
+    for text_field in (
+        "name",
+        "version",
+        "tool",
+        "adapter",
+        "description",
+        "key_template",
+        "key_alphabet",
+    ):
         if text_field in table and not isinstance(table[text_field], str):
             hint = ' (write version = "1")' if text_field == "version" else ""
             raise error(f"must be a string{hint}", text_field, label, version)

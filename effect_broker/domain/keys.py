@@ -154,6 +154,21 @@ def downstream_key(tenant_key: bytes, tenant_id: str, operation_key: str) -> str
     return base64.urlsafe_b64encode(mac.digest()).rstrip(b"=").decode("ascii")
 
 
+#: ``key_alphabet`` values: how the downstream key is spelled to the upstream.
+KEY_ALPHABETS = ("base64url", "hex")
+
+
+def spell_key(key: str, alphabet: str) -> str:
+    """``key`` (base64url, as ``downstream_key`` returns it) in ``alphabet``: the same
+    32 bytes as 64 lowercase hex digits for ``hex`` - an alphabet that never starts
+    with ``-`` (a name an upstream parses as a command-line option) or ``_``."""
+    if alphabet == "base64url":
+        return key
+    if alphabet == "hex":
+        return base64.urlsafe_b64decode(key + "=" * (-len(key) % 4)).hex()
+    raise ConfigurationError(f"unknown key alphabet {alphabet!r}", setting="key_alphabet")
+
+
 def digest_hex(data: bytes) -> str:
     """Return the SHA-256 hex digest of ``data``."""
     return hashlib.sha256(data).hexdigest()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -42,12 +43,42 @@ CLIENT_MADE_CODES = (-32000, -32001)
 # The allowed keys come from the one definition of the fields (``contract_fields``).
 _UPSTREAM_FIELDS = contract_fields.names(contract_fields.UPSTREAM)
 _PASSTHROUGH_FIELDS = contract_fields.names(contract_fields.PASSTHROUGH)
+_ANSWER_FIELDS = contract_fields.names(contract_fields.ANSWER)
 
 
 def _unknown(key: str, allowed: Iterable[str]) -> str:
     close = difflib.get_close_matches(key, list(allowed), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"unknown key{hint} (allowed: {', '.join(sorted(allowed))})"
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerReading:
+    """How to read an upstream tool's answer (issue 22, item 2): one value, found by a
+    JSON pointer (into the structured content, else a text block that is JSON) or by
+    a regular expression over the text content (its ``status`` group, else the whole
+    match), and what that value proves.
+
+    Calls: ``already_done`` and ``committed`` -> committed (a value that proves the
+    key already took effect, "already exists" when the key is a name, is a commit
+    found again, with the answer kept as evidence); ``not_committed`` -> retryable;
+    ``failed`` -> a committed failure (terminal), like the HTTP adapter's
+    ``failed_status_values``; any other value of a non-error answer -> committed; no
+    value at all -> unknown. Lookups: ``committed`` -> COMMITTED, ``not_committed`` ->
+    NOT_COMMITTED, anything else -> UNKNOWN (a lookup must prove both ways).
+    """
+
+    pointer: str | None = None
+    pattern: str | None = None
+    #: Where the external id is: a JSON pointer (pointer mode; default: the
+    #: upstream's ``external_id_field``), or in pattern mode a regular expression
+    #: over the text (its ``id`` group, else its first group, else the match).
+    id_pointer: str | None = None
+    id_pattern: str | None = None
+    committed: tuple[str, ...] = ()
+    not_committed: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+    already_done: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +115,12 @@ class McpUpstream:
     terminal_rpc_codes: tuple[int, ...] = (METHOD_NOT_FOUND,)
     connect_timeout: timedelta = timedelta(seconds=10)
     timeout: timedelta = timedelta(seconds=10)
+    #: How to read a call's answer (``[contract.upstream.answer]``), if not by the
+    #: error code lists alone.
+    answer: AnswerReading | None = None
+    #: How to read the lookup tool's answer (``[contract.upstream.lookup_answer]``),
+    #: instead of a boolean ``found_field``.
+    lookup_answer: AnswerReading | None = None
 
     @property
     def where(self) -> str:
@@ -133,6 +170,81 @@ def _duration(raw: Mapping[str, Any], key: str, where: str, default: str) -> tim
         return parse_duration(raw.get(key, default))
     except ValueError as exc:
         raise ValueError(f"{where}.{key}: {exc}") from exc
+
+
+def _pointer(raw: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    # RFC 6901: "" is the whole document, anything else starts with "/".
+    if not isinstance(value, str) or (value and not value.startswith("/")):
+        raise ValueError(f'{where}.{key}: must be a JSON pointer such as "/status"')
+    return value
+
+
+def parse_answer_reading(raw: object, where: str, *, lookup: bool) -> AnswerReading:
+    """Parse an ``answer`` / ``lookup_answer`` table; raise ``ValueError``."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: must be a table ([contract.{where}])")
+    for key in raw:
+        if key not in _ANSWER_FIELDS:
+            raise ValueError(f"{where}.{key}: {_unknown(key, _ANSWER_FIELDS)}")
+    if ("pointer" in raw) == ("pattern" in raw):
+        raise ValueError(
+            f"{where}.pointer: give exactly one of pointer (a JSON pointer into the "
+            "answer's JSON) or pattern (a regular expression over its text)"
+        )
+    pointer = _pointer(raw, "pointer", where)
+    pattern = _text(raw, "pattern", where)
+    id_pattern = _text(raw, "id_pattern", where)
+    for name, regex in (("pattern", pattern), ("id_pattern", id_pattern)):
+        if regex is None:
+            continue
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            raise ValueError(f"{where}.{name}: not a regular expression: {exc}") from exc
+    if pattern is not None and "id_pointer" in raw:
+        raise ValueError(f"{where}.id_pointer: with a pattern, use id_pattern")
+    if pointer is not None and id_pattern is not None:
+        raise ValueError(f"{where}.id_pattern: with a pointer, use id_pointer")
+    lists = {
+        name: _texts(raw, name, where)
+        for name in ("committed", "not_committed", "failed", "already_done")
+    }
+    if lookup:
+        if lists["already_done"]:
+            raise ValueError(f"{where}.already_done: only for a call's answer")
+        for required in ("committed", "not_committed"):
+            if not lists[required]:
+                # A lookup that cannot say one of the two proves nothing that way.
+                raise ValueError(
+                    f"{where}.{required}: required: a lookup must prove both ways"
+                )
+    elif not any(lists.values()):
+        raise ValueError(
+            f"{where}.committed: list at least one of committed, not_committed, "
+            "failed, already_done"
+        )
+    seen: dict[str, str] = {}
+    for name, values in lists.items():
+        for value in values:
+            if value in seen:
+                raise ValueError(
+                    f"{where}.{name}: {value!r} is also in {seen[value]}; a value has "
+                    "one meaning"
+                )
+            seen[value] = name
+    return AnswerReading(
+        pointer=pointer,
+        pattern=pattern,
+        id_pointer=_pointer(raw, "id_pointer", where),
+        id_pattern=id_pattern,
+        committed=lists["committed"],
+        not_committed=lists["not_committed"],
+        failed=lists["failed"],
+        already_done=lists["already_done"],
+    )
 
 
 def parse_upstream(
@@ -218,6 +330,28 @@ def parse_upstream(
             f"{where}.lookup_by: a lookup by the downstream key needs key_argument "
             "(the argument that carries it); or name a business-key argument"
         )
+    answer = (
+        parse_answer_reading(raw["answer"], f"{where}.answer", lookup=False)
+        if "answer" in raw
+        else None
+    )
+    if answer is not None and answer.already_done and not key_argument:
+        # "Already exists" proves a commit only of the key the broker sent.
+        raise ValueError(
+            f"{where}.answer.already_done: needs key_argument (the key that already "
+            "took effect)"
+        )
+    lookup_answer = None
+    if "lookup_answer" in raw:
+        if lookup_tool is None:
+            raise ValueError(f"{where}.lookup_answer: needs a lookup_tool")
+        if "found_field" in raw:
+            raise ValueError(
+                f"{where}.lookup_answer: give either found_field or lookup_answer"
+            )
+        lookup_answer = parse_answer_reading(
+            raw["lookup_answer"], f"{where}.lookup_answer", lookup=True
+        )
     return McpUpstream(
         tool=tool,
         command=command,
@@ -240,6 +374,8 @@ def parse_upstream(
         terminal_rpc_codes=tuple(codes),
         connect_timeout=_duration(raw, "connect_timeout", where, "10s"),
         timeout=_duration(raw, "timeout", where, "10s"),
+        answer=answer,
+        lookup_answer=lookup_answer,
     )
 
 
@@ -279,8 +415,10 @@ __all__ = [
     "DEFAULT_TOOL_ERROR",
     "METHOD_NOT_FOUND",
     "TOOL_ERROR_CLASSES",
+    "AnswerReading",
     "McpUpstream",
     "PassThroughTool",
+    "parse_answer_reading",
     "parse_passthrough",
     "parse_upstream",
 ]

@@ -205,6 +205,32 @@ def check_contracts() -> Check:
     )
 
 
+def check_conformance() -> Check:
+    """Every active idempotent / reconcilable contract version has a passing
+    ``contracts conform`` run (issue 22): the class is a promise the broker acts on."""
+    from effect_broker.domain.contracts import load_contracts
+    from effect_broker.services.conformance_runs import proofs
+
+    found = proofs(load_contracts(settings.EFFECT_BROKER_CONTRACTS))
+    details = tuple({"message": proof.line()} for proof in found)
+    missing = [proof for proof in found if not proof.proved]
+    if missing:
+        return Check(
+            "conformance",
+            "warn",
+            f"{len(missing)} of {len(found)} idempotent/reconcilable contract "
+            "version(s) have no passing conformance run: "
+            + ", ".join(f"{m.contract}@{m.version}" for m in missing),
+            details,
+        )
+    return Check(
+        "conformance",
+        "ok",
+        f"{len(found)} idempotent/reconcilable contract version(s), each proved",
+        details,
+    )
+
+
 # --- workers and jobs -----------------------------------------------------------
 
 
@@ -368,6 +394,11 @@ def run_checks(options: DoctorOptions | None = None) -> list[Check]:
     checks.append(contracts)
     for name, run in later[1:]:
         checks.append(run() if schema_ok else _skipped(name))
+    checks.append(
+        check_conformance()
+        if schema_ok and contracts.status != "fail"
+        else _skipped("conformance")
+    )
     checks.append(check_key_retention())
     checks.append(
         check_operation_keys(opts.lint_sample)

@@ -16,6 +16,7 @@ Spec "State machine" rules 4-6:
 from __future__ import annotations
 
 import logging
+import random
 from datetime import datetime
 
 from django.db import transaction
@@ -158,7 +159,12 @@ def _reconcile_by_probe(
         return to_manual_review(
             rt, record, actor=worker, reason="lookup stayed inconclusive past its bound"
         )
-    due = max(record.settlement_deadline, issued_at + contract.backoff(1))
+    # Back off: each inconclusive lookup waits longer, up to backoff_max, jittered.
+    waited = issued_at - record.settlement_deadline
+    due = max(
+        record.settlement_deadline,
+        issued_at + contract.lookup_backoff(waited, random.random()),  # noqa: S311
+    )
     with transaction.atomic():
         updated = store.transition(
             record,

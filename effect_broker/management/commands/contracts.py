@@ -1,5 +1,6 @@
 """``effect-broker contracts validate [FILE] [--probe] [--json]``;
-``effect-broker contracts schema``: the contracts file's JSON Schema, for editors."""
+``effect-broker contracts schema``: the contracts file's JSON Schema, for editors;
+``effect-broker contracts conform CONTRACT[@VERSION] [--file FILE] [--json] ...``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from effect_broker.domain.contract_fields import schema_text
+from effect_broker.management.conform import add_conform_parser, run_conform
 from effect_broker.management.tables import render_table, to_json
 from effect_broker.services.contract_check import probe_targets, validate_file
 
@@ -40,6 +42,7 @@ class Command(BaseCommand):
             help="also check that each target answers (bounded; sends no effect)",
         )
         validate.add_argument("--json", action="store_true", help="print JSON")
+        add_conform_parser(sub)
         sub.add_parser(
             "schema",
             help="print the JSON Schema of a contracts file (for editors)",
@@ -51,6 +54,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] == "conform":
+            run_conform(self, options)
+            return
         if options["action"] == "schema":
             self.stdout.write(schema_text())
             return

@@ -150,6 +150,10 @@ class Command(BaseCommand):
             f"serving the API on http://{options['host']}:{options['port']} "
             f"({options['workers']} worker(s)); Ctrl-C or SIGTERM stops gracefully"
         )
+        from effect_broker.services.conformance_runs import warn_unproved_at_start
+
+        # Logged (a warning per unproved idempotent/reconcilable contract), then exec.
+        warn_unproved_at_start("serve")
         self.stdout.flush()
         env = {**os.environ, ROLE_ENV: API}
         # exec, not a child: signals reach uvicorn itself (graceful shutdown), and

@@ -110,6 +110,7 @@ class Command(BaseCommand):
         from procrastinate.contrib.django.utils import connector_params
 
         from config.capacity import POOL_RECONNECT_SECONDS
+        from effect_broker.services.conformance_runs import warn_unproved_at_start
         from effect_broker.store.pool_checks import (
             procrastinate_connector,
             use_on_django_pool,
@@ -129,6 +130,9 @@ class Command(BaseCommand):
             f"database {database_label()}"
         )
         self.stdout.flush()
+        # A contract that claims idempotent or reconcilable with no passing
+        # `contracts conform` run: the retries below trust an unproved promise.
+        warn_unproved_at_start(self.default_name)
         app.perform_import_paths()
         # procrastinate's Django connector cannot LISTEN; a worker needs its own pool,
         # as DjangoConnector.get_worker_connector builds it - plus the short reconnect
