@@ -216,7 +216,13 @@ MCP: tuple[ContractField, ...] = (
 )
 
 UPSTREAM: tuple[ContractField, ...] = (
-    ContractField("command", TEXT, "A stdio server's executable (or url; exactly one)."),
+    ContractField(
+        "command",
+        TEXT,
+        'A stdio server\'s executable (or url; exactly one). "{python}" is the '
+        "Python interpreter running the broker, so a server installed in the "
+        "broker's virtualenv starts without it being activated.",
+    ),
     ContractField("args", TEXTS, "The stdio server's arguments.", "[]"),
     ContractField(
         "cwd", TEXT, "The stdio server's directory, relative to the contracts file."

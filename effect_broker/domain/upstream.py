@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -35,6 +36,8 @@ TOOL_ERROR_CLASSES = ("terminal", "unknown")
 #: that only reports errors before acting, at that risk; a documented refusal belongs
 #: in ``terminal_errors``.
 DEFAULT_TOOL_ERROR = "unknown"
+#: ``command = "{python}"``: the Python interpreter running the broker.
+THIS_PYTHON = "{python}"
 #: JSON-RPC "method not found": the server has no such method, so nothing ran.
 METHOD_NOT_FOUND = -32601
 #: Codes the MCP client raises itself (connection closed, request timeout).
@@ -266,7 +269,13 @@ def parse_upstream(
     if url is not None and not url.startswith(("http://", "https://")):
         raise ValueError(f"{where}.url: must be an http:// or https:// URL")
     if "command" in raw:
-        command = (_text(raw, "command", where), *_texts(raw, "args", where))
+        executable = _text(raw, "command", where)
+        if executable == THIS_PYTHON:
+            # The interpreter running the broker, its virtualenv's: a bare "python"
+            # is not that on a clean machine (issue 20: the shipped examples started
+            # the system's, or none).
+            executable = sys.executable
+        command = (executable, *_texts(raw, "args", where))
     else:
         for stdio_only in ("args", "cwd", "env", "inherit_env"):
             if stdio_only in raw:

@@ -5,6 +5,7 @@ the contract and the field (issue 10, item 4)."""
 from __future__ import annotations
 
 import re
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -223,11 +224,23 @@ def test_the_example_contracts_put_each_class_behind_the_payments_server() -> No
     (stats,) = registry.passthroughs
     # cwd = ".." is the repository root, wherever the broker runs from
     assert stats.upstream.cwd == str(root)
+    # "{python}" is the interpreter running the broker, not whatever "python" the
+    # PATH finds (issue 20: a clean machine's is not the venv's, or none)
     assert stats.upstream.command[:3] == (
-        "python",
+        sys.executable,
         "-m",
         "examples.mcp_upstream.payments_server",
     )
+
+
+def test_python_placeholder_is_the_brokers_interpreter_and_plain_names_stay() -> None:
+    braced = STDIO.replace('command = "python"', 'command = "{python}"')
+    (placeholder,) = parse_contracts(contract("unsafe", braced), source="t")
+    assert placeholder.upstream is not None
+    assert placeholder.upstream.command == (sys.executable, "-m", "payments")
+    (plain,) = parse_contracts(contract("unsafe", STDIO), source="t")
+    assert plain.upstream is not None
+    assert plain.upstream.command[0] == "python"
 
 
 def test_the_readme_worked_example_loads_as_written_and_matches_the_example_file() -> (
