@@ -309,7 +309,13 @@ def test_trickled_bodies_hold_no_slot_and_are_cut_off_after_the_bound(
                 assert status == 408, body[:500]
                 assert response_headers["connection"] == "close"
                 assert json.loads(body)["code"] == "request_timeout"
-                assert sock.recv(1024) == b""  # and the connection is closed
+                # and the connection is closed: an EOF, or a reset when one of our
+                # trickled bytes crossed the server's close (the kernel answers RST)
+                try:
+                    rest = sock.recv(1024)
+                except ConnectionResetError:
+                    rest = b""
+                assert rest == b""
         finally:
             stop.set()
             for sock in socks:
