@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import select
 import socket
 import subprocess
@@ -29,15 +28,13 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
 
 import httpx
 import pytest
 
-from config.database import url_from_settings
+from tests.acceptance import test_api_server
 from tests.acceptance.test_api_server import (
     ROOT,
-    SETUP,
     Scratch,
     _env,
     _read_response,
@@ -48,38 +45,10 @@ from tests.acceptance.test_api_server import (
 )
 from tests.served import served
 
+#: test_api_server.py's migrated scratch database (module-scoped), shared by name.
+scratch = test_api_server.scratch
+
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def scratch(django_db_setup: None, django_db_blocker: Any) -> Iterator[Scratch]:
-    """A migrated scratch database with a tenant (test_api_server.py's set-up)."""
-    from django.db import connection
-
-    name = f"eb_hostile_{uuid.uuid4().hex[:8]}"
-    with django_db_blocker.unblock():
-        connection.ensure_connection()  # starts the embedded server when in use
-        url = url_from_settings(connection.settings_dict, dbname=name)
-        with connection._nodb_cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{name}"')
-    try:
-        for args in (["migrate", "-v0"], ["shell", "-c", SETUP]):
-            done = subprocess.run(
-                [sys.executable, "-m", "effect_broker.cli", *args],
-                cwd=ROOT,
-                env=_env(url),
-                capture_output=True,
-                text=True,
-                timeout=180,
-                check=False,
-            )
-            assert done.returncode == 0, done.stderr[-2000:]
-        match = re.search(r"API_KEY=(\S+)", done.stdout)
-        assert match, done.stdout
-        yield Scratch(name, url, match.group(1))
-    finally:
-        with django_db_blocker.unblock(), connection._nodb_cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 MCP_RPC = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
