@@ -292,8 +292,9 @@ class ContractError(EffectBrokerError):
     http_status = 500
     remedy = (
         "An operator fixes the contracts file at the place the message names "
-        "(`effect-broker contracts check`), then restarts or reloads; submits for "
-        "that contract fail until then."
+        "(`effect-broker contracts validate` lists every problem), then restarts the "
+        "API and the workers (a process reads the file at start); submits for that "
+        "contract fail until then."
     )
 
     def __init__(
@@ -458,7 +459,8 @@ class TenantDisabledError(EffectBrokerError):
     code = "tenant_disabled"
     http_status = 403
     remedy = (
-        "An operator re-enables the tenant (`effect-broker tenants`), or use an "
+        "An operator re-enables the tenant (`effect-broker tenants enable NAME`), or "
+        "use an "
         "enabled tenant's key; nothing was done."
     )
 
