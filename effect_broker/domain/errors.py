@@ -460,8 +460,7 @@ class TenantDisabledError(EffectBrokerError):
     http_status = 403
     remedy = (
         "An operator re-enables the tenant (`effect-broker tenants enable NAME`), or "
-        "use an "
-        "enabled tenant's key; nothing was done."
+        "use an enabled tenant's key; nothing was done."
     )
 
 
