@@ -6,7 +6,11 @@ one pytest-django created), so its truth survives anything the adapter under tes
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -15,6 +19,7 @@ import pytest
 from config.database import url_from_settings
 from examples.crash_matrix.target_client import TargetProcess, start_target
 
+ROOT = Path(__file__).resolve().parents[2]
 #: Short, so the reconcilable checks stay fast; the contracts below declare more.
 SETTLEMENT_DELAY = "300ms"
 
@@ -51,3 +56,37 @@ def target(target_service: TargetProcess) -> TargetProcess:
     """The session's target service, reset to an empty table and no faults."""
     target_service.reset()
     return target_service
+
+
+@pytest.fixture
+def http_payments(target: TargetProcess, tmp_path: Path) -> Iterator[str]:
+    """The example payments MCP server over streamable HTTP, charging via ``target``:
+    its ``/mcp`` URL once it has written the port it bound."""
+    port_file = tmp_path / "port"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "examples.mcp_upstream.payments_server",
+            "--target",
+            target.url,
+            "--transport",
+            "http",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+        ],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            assert process.poll() is None, "the payments server exited"
+            assert time.monotonic() < deadline, "the payments server did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{int(port_file.read_text())}/mcp"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

@@ -9,10 +9,6 @@ target that commits and then answers an error.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -178,39 +174,6 @@ def test_a_target_that_commits_then_answers_an_error_fails(
 
 
 # --- an MCP server over streamable HTTP -------------------------------------------------
-
-
-@pytest.fixture
-def http_payments(target: TargetProcess, tmp_path: Path) -> Iterator[str]:
-    """The example payments MCP server over streamable HTTP, charging via ``target``."""
-    port_file = tmp_path / "port"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "examples.mcp_upstream.payments_server",
-            "--target",
-            target.url,
-            "--transport",
-            "http",
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-        ],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists():
-            assert process.poll() is None, "the payments server exited"
-            assert time.monotonic() < deadline, "the payments server did not start"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{int(port_file.read_text())}/mcp"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 @pytest.mark.parametrize("safety", list(EXPECTED), ids=lambda s: s.value)

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -37,7 +35,7 @@ from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import SafetyClass
 from effect_broker.domain.upstream import McpUpstream
 from examples.crash_matrix.target_client import TargetProcess
-from examples.mcp_upstream.contracts import RETRYABLE, ROOT, UNKNOWN
+from examples.mcp_upstream.contracts import RETRYABLE, UNKNOWN
 
 FAULT_SERVER = str(Path(__file__).with_name("mcp_fault_server.py"))
 KEY = "dk_" + "x" * 40
@@ -263,38 +261,6 @@ def test_an_unstructured_answer_is_kept_as_its_content(calls: Calls) -> None:
 
 
 # --- streamable HTTP, in front of the real payments target --------------------------
-
-
-@pytest.fixture
-def http_payments(target: TargetProcess, tmp_path: Path) -> Iterator[str]:
-    port_file = tmp_path / "port"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "examples.mcp_upstream.payments_server",
-            "--target",
-            target.url,
-            "--transport",
-            "http",
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-        ],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists():
-            assert process.poll() is None, "the payments server exited"
-            assert time.monotonic() < deadline, "the payments server did not start"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{int(port_file.read_text())}/mcp"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 @pytest.mark.django_db
