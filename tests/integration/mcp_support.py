@@ -158,6 +158,36 @@ def run_session(
     return anyio.run(main)
 
 
+def call_in_memory(
+    tenant: Tenant, name: str, arguments: dict[str, Any]
+) -> types.CallToolResult:
+    """One tool call to the broker's MCP server for ``tenant``, over in-memory streams
+    in this process (the services' own database connection, no subprocess)."""
+    from mcp.shared.memory import create_client_server_memory_streams
+
+    from effect_broker.mcp.server import McpSettings, build_server
+
+    server = build_server(lambda ctx: tenant, McpSettings(wait_seconds=0.1))
+
+    async def main() -> types.CallToolResult:
+        async with (
+            create_client_server_memory_streams() as (client, served),
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(
+                lambda: server.run(
+                    served[0], served[1], server.create_initialization_options()
+                )
+            )
+            async with ClientSession(client[0], client[1]) as session:
+                await session.initialize()
+                result = await session.call_tool(name, arguments)
+            tg.cancel_scope.cancel()
+        return result
+
+    return anyio.run(main)
+
+
 def in_thread(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
     """Run Django code from inside the session's event loop (in a worker thread, whose
     connection is closed after, so the test database can be dropped at the end)."""

@@ -21,23 +21,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
-import mcp.types as types
 import psycopg
 import pytest
 from django.db import OperationalError, connection
 from django.test import Client
-from mcp import ClientSession
-from mcp.shared.memory import create_client_server_memory_streams
 
 from effect_broker.api import effects as effects_api
 from effect_broker.domain.errors import DatabaseConflictError
 from effect_broker.domain.records import EffectRequest
-from effect_broker.mcp.server import McpSettings, build_server
 from effect_broker.models import EffectEvent, EffectIntent, Tenant
 from effect_broker.services.batch_submission import submit_many
 from effect_broker.services.tenants import create_tenant
-from tests.integration.mcp_support import World, open_world
+from tests.integration.mcp_support import World, call_in_memory, open_world
 
 #: Seconds each ``slow:`` insert sleeps: wider than any thread's start-up skew.
 SLOW_INSERT_SECONDS = 0.05
@@ -245,28 +240,6 @@ def test_a_conflict_from_any_other_statement_is_a_503_too(
     _retryable_503(response, "serialization_failure", "40001")
 
 
-def _call_tool(tenant: Tenant, name: str, arguments: dict[str, Any]) -> Any:
-    server = build_server(lambda ctx: tenant, McpSettings(wait_seconds=0.1))
-
-    async def main() -> types.CallToolResult:
-        async with (
-            create_client_server_memory_streams() as (client, served),
-            anyio.create_task_group() as tg,
-        ):
-            tg.start_soon(
-                lambda: server.run(
-                    served[0], served[1], server.create_initialization_options()
-                )
-            )
-            async with ClientSession(client[0], client[1]) as session:
-                await session.initialize()
-                result = await session.call_tool(name, arguments)
-            tg.cancel_scope.cancel()
-        return result
-
-    return anyio.run(main)
-
-
 @pytest.fixture
 def mcp_world_with_conflicts(tmp_path: Path, transactional_db: None) -> Iterator[World]:
     with connection.cursor() as cur:
@@ -287,7 +260,7 @@ def test_a_deadlocked_mcp_call_is_a_retryable_tool_error_and_stores_nothing(
     arguments = {"operation_key": "order:7:deadlock", "order": "7", "amount_minor": 5}
     jobs = _jobs()
     # When the agent calls the tool
-    result = _call_tool(world.tenant, "charge_idempotent", arguments)
+    result = call_in_memory(world.tenant, "charge_idempotent", arguments)
     # Then it is the same retryable error the HTTP API answers, not internal_error
     assert result.is_error
     content = result.structured_content
