@@ -12,8 +12,9 @@ warning, never the judge.
 
 from __future__ import annotations
 
+import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -428,3 +429,10 @@ def json_schema() -> dict[str, Any]:
 def schema_text() -> str:
     """``json_schema()`` as the file the examples ship (sorted keys, two spaces)."""
     return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def unknown_key(key: str, allowed: Iterable[str]) -> str:
+    """The reason a table's ``key`` is refused: the allowed keys, and the closest one."""
+    close = difflib.get_close_matches(key, list(allowed), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown key{hint} (allowed: {', '.join(sorted(allowed))})"

@@ -124,7 +124,6 @@ the default). Every ``ContractError`` names the file, the contract and the field
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -549,12 +548,6 @@ _DURATION_FIELDS = (
 _LINE = re.compile(r"at line (\d+)")
 
 
-def _unknown_key_reason(key: str, allowed: Iterable[str]) -> str:
-    close = difflib.get_close_matches(key, list(allowed), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown key{hint} (allowed: {', '.join(sorted(allowed))})"
-
-
 def _parse_one(raw: object, index: int, source: str) -> EffectContract:
     def error(
         reason: str, field_name: str, name: str | None = None, version: object = None
@@ -576,7 +569,7 @@ def _parse_one(raw: object, index: int, source: str) -> EffectContract:
     version = table.get("version")
     for key in table:
         if key not in _FIELDS:
-            raise error(_unknown_key_reason(key, _FIELDS), key, label, version)
+            raise error(contract_fields.unknown_key(key, _FIELDS), key, label, version)
     for required in ("name", "version", "safety"):
         if required not in table:
             raise error("is required", required, label, version)
@@ -646,7 +639,9 @@ def _parse_mcp(raw: object, source: str) -> McpFace:
         raise ValueError("mcp: must be a table ([contract.mcp])")
     for key in raw:
         if key not in _MCP_FIELDS:
-            raise ValueError(f"mcp.{key}: {_unknown_key_reason(key, _MCP_FIELDS)}")
+            raise ValueError(
+                f"mcp.{key}: {contract_fields.unknown_key(key, _MCP_FIELDS)}"
+            )
     expose = raw.get("expose", True)
     if not isinstance(expose, bool):
         raise ValueError("mcp.expose: must be true or false")

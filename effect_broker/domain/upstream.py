@@ -13,11 +13,10 @@ downstream key (idempotent), or a lookup tool and a settlement bound (reconcilab
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -47,12 +46,6 @@ CLIENT_MADE_CODES = (-32000, -32001)
 _UPSTREAM_FIELDS = contract_fields.names(contract_fields.UPSTREAM)
 _PASSTHROUGH_FIELDS = contract_fields.names(contract_fields.PASSTHROUGH)
 _ANSWER_FIELDS = contract_fields.names(contract_fields.ANSWER)
-
-
-def _unknown(key: str, allowed: Iterable[str]) -> str:
-    close = difflib.get_close_matches(key, list(allowed), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown key{hint} (allowed: {', '.join(sorted(allowed))})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +184,9 @@ def parse_answer_reading(raw: object, where: str, *, lookup: bool) -> AnswerRead
         raise ValueError(f"{where}: must be a table ([contract.{where}])")
     for key in raw:
         if key not in _ANSWER_FIELDS:
-            raise ValueError(f"{where}.{key}: {_unknown(key, _ANSWER_FIELDS)}")
+            raise ValueError(
+                f"{where}.{key}: {contract_fields.unknown_key(key, _ANSWER_FIELDS)}"
+            )
     if ("pointer" in raw) == ("pattern" in raw):
         raise ValueError(
             f"{where}.pointer: give exactly one of pointer (a JSON pointer into the "
@@ -258,7 +253,9 @@ def parse_upstream(
         raise ValueError(f"{where}: must be a table ([contract.{where}])")
     for key in raw:
         if key not in _UPSTREAM_FIELDS:
-            raise ValueError(f"{where}.{key}: {_unknown(key, _UPSTREAM_FIELDS)}")
+            raise ValueError(
+                f"{where}.{key}: {contract_fields.unknown_key(key, _UPSTREAM_FIELDS)}"
+            )
     if ("command" in raw) == ("url" in raw):
         raise ValueError(
             f"{where}.command: give exactly one of command (a stdio server) or url "
@@ -394,7 +391,9 @@ def parse_passthrough(raw: object, source: str) -> PassThroughTool:
         raise ValueError("passthrough: each [[passthrough]] entry must be a table")
     for key in raw:
         if key not in _PASSTHROUGH_FIELDS:
-            raise ValueError(f"{key}: {_unknown(key, _PASSTHROUGH_FIELDS)}")
+            raise ValueError(
+                f"{key}: {contract_fields.unknown_key(key, _PASSTHROUGH_FIELDS)}"
+            )
     tool = _text(raw, "tool", "passthrough")
     if tool is None:
         raise ValueError("tool: is required (the name the broker lists)")
