@@ -3,6 +3,8 @@ the server process's environment, and a client-session runner."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import sys
 import time
 import uuid
@@ -28,6 +30,7 @@ from effect_broker.scheduling import RecordingScheduler
 from effect_broker.services import runtime
 from effect_broker.services.tenants import create_tenant
 from examples.crash_matrix.workers import broker_env
+from tests.served import served
 
 ROOT = Path(__file__).resolve().parents[2]
 #: How long the server waits for an effect to settle before "still running".
@@ -186,6 +189,41 @@ def call_in_memory(
         return result
 
     return anyio.run(main)
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (closed again before a server binds it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def standalone_http(env: dict[str, str], host: str = "127.0.0.1") -> Iterator[str]:
+    """``effect-broker mcp --transport http --host <host>`` on a free port, reached on
+    127.0.0.1: its base URL once ``/healthz`` answers; stopped afterwards."""
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "effect_broker.cli",
+            "mcp",
+            "--transport",
+            "http",
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ],
+        env=env,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    with served(process, f"http://127.0.0.1:{port}", "the MCP HTTP server") as base:
+        yield base
 
 
 def in_thread(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:

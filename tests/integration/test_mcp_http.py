@@ -4,9 +4,6 @@ subprocess, a tenant API key as ``Authorization: Bearer``, and a real client ses
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -22,40 +19,15 @@ from mcp.client.streamable_http import streamable_http_client
 from effect_broker.domain.records import EffectRequest
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import create_tenant
-from tests.integration.mcp_support import MANAGEMENT, ROOT, World
-from tests.served import served
+from tests.integration.mcp_support import MANAGEMENT, World, standalone_http
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
 def server(mcp_world: World) -> Iterator[str]:
     """The HTTP server's base URL, once its health route answers."""
-    port = _free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "effect_broker.cli",
-            "mcp",
-            "--transport",
-            "http",
-            "--port",
-            str(port),
-        ],
-        env=mcp_world.env,
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    with served(process, f"http://127.0.0.1:{port}", "the MCP HTTP server") as base:
+    with standalone_http(mcp_world.env) as base:
         yield base
 
 

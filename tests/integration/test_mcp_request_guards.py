@@ -11,18 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 import pytest
 
 from effect_broker.services.tenants import set_disabled
-from tests.integration.mcp_support import ROOT, World
-from tests.integration.test_mcp_mounted import ACCEPT, _free_port, api_server
-from tests.served import served
+from tests.integration.mcp_support import World, standalone_http
+from tests.integration.test_mcp_mounted import ACCEPT, api_server
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -55,33 +50,6 @@ def post(base: str, api_key: str, *, body: bytes, **headers: str) -> httpx.Respo
         content=body,
         timeout=30,
     )
-
-
-@contextmanager
-def standalone(world: World, host: str) -> Iterator[str]:
-    """``effect-broker mcp --transport http --host <host>``, reached on 127.0.0.1."""
-    port = _free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "effect_broker.cli",
-            "mcp",
-            "--transport",
-            "http",
-            "--host",
-            host,
-            "--port",
-            str(port),
-        ],
-        env=world.env,
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    with served(process, f"http://127.0.0.1:{port}", "the MCP HTTP server") as base:
-        yield base
 
 
 def test_the_mounted_mcp_refuses_a_foreign_origin_and_serves_no_origin(
@@ -117,7 +85,7 @@ def test_the_standalone_server_on_a_public_bind_checks_host_and_origin(
 ) -> None:
     body = json.dumps(INITIALIZE).encode()
     # Given `effect-broker mcp --transport http --host 0.0.0.0`
-    with standalone(mcp_world, "0.0.0.0") as base:  # noqa: S104 - what is tested
+    with standalone_http(mcp_world.env, "0.0.0.0") as base:  # noqa: S104 - what is tested
         # When requests name another host, or come from another origin
         wrong_host = post(base, mcp_world.api_key, body=body, Host="evil.example")
         foreign = post(base, mcp_world.api_key, body=body, Origin="http://evil.example")
