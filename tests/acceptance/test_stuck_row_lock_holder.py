@@ -169,6 +169,18 @@ def backend_state(database_url: str, pid: int) -> str | None:
     return str(row[0]) if row else None
 
 
+def dispatch_job_end(worker: WorkerProcess) -> str | None:
+    """The worker log's line saying how its dispatch job ended, once there is one."""
+    return next(
+        (
+            line
+            for line in worker.log_tail(4000).splitlines()
+            if "dispatch_effect[" in line and "ended with status" in line
+        ),
+        None,
+    )
+
+
 def session_ended_by_server(log: str) -> bool:
     """Whether a worker's log shows its session ended under it: psycopg reports the
     server's FATAL when it read it, else the closed socket."""
@@ -273,14 +285,7 @@ def test_a_frozen_row_lock_holder_stalls_nobody_and_is_taken_over(world: World) 
         # Then its dispatch job fails on the connection the server closed (its
         # transaction, and the lock, went with the session) ...
         thawed_job = wait_until(
-            lambda: next(
-                (
-                    line
-                    for line in worker_a.log_tail(4000).splitlines()
-                    if "dispatch_effect[" in line and "ended with status" in line
-                ),
-                None,
-            ),
+            lambda: dispatch_job_end(worker_a),
             timeout=30,
             what="worker A's dispatch job to end after the thaw",
         )
@@ -376,14 +381,7 @@ def test_a_frozen_transactional_claim_is_rolled_back_with_its_session_and_taken_
         # When A is thawed, it applies nothing more (its transaction is gone)
         worker_a.resume()
         thawed_job = wait_until(
-            lambda: next(
-                (
-                    line
-                    for line in worker_a.log_tail(4000).splitlines()
-                    if "dispatch_effect[" in line and "ended with status" in line
-                ),
-                None,
-            ),
+            lambda: dispatch_job_end(worker_a),
             timeout=pause,
             what="worker A's dispatch job to end after the thaw",
         )

@@ -1,8 +1,9 @@
-"""The README's integration examples, used as written (issue 10, item 9 and its
-acceptance line "an MCP client set up from the README alone lists the proxy tools").
+"""The documented integration examples, used as written (issue 10, item 9 and its
+acceptance line "an MCP client set up from the README alone lists the proxy tools";
+since issue 20 the examples live on the docs site's pages).
 
-Each tested block in README.md is marked ``<!-- snippet: NAME ... -->``. The MCP
-client configurations are started exactly as the README writes them - only the
+Each tested block in the docs is marked ``<!-- snippet: NAME ... -->``. The MCP
+client configurations are started exactly as the docs writes them - only the
 placeholders (the key, the contracts path, the database, the master key, a free port)
 are filled in. The SDK examples run against a live broker (uvicorn serving the API and
 a real worker process). The gate's broker example runs with ``stripe_charge`` bound to
@@ -53,7 +54,7 @@ from tests.served import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Every documentation file (README.md and the docs site's pages), one text.
-README = docs_pages.all_text()
+DOCS = docs_pages.all_text()
 PROXY_TOOLS = {"charge_unsafe", "charge_idempotent"}  # tests/integration/mcp_support.py
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -93,7 +94,7 @@ def list_tools(session_factory: Any) -> set[str]:
 def test_an_mcp_client_set_up_from_the_readme_alone_lists_the_proxy_tools(
     mcp_world: World, tmp_path: Path
 ) -> None:
-    # Given the README's stdio configuration, its placeholders filled in
+    # Given the docs' stdio configuration, its placeholders filled in
     server = json.loads(snippet("mcp-stdio"))["mcpServers"]["effect-broker"]
     assert server["command"] == "effect-broker"
     assert server["args"] == ["mcp", "--transport", "stdio"]
@@ -103,7 +104,7 @@ def test_an_mcp_client_set_up_from_the_readme_alone_lists_the_proxy_tools(
         "DATABASE_URL": mcp_world.env["DATABASE_URL"],
         "EFFECT_BROKER_MASTER_KEY": mcp_world.env["EFFECT_BROKER_MASTER_KEY"],
     }
-    # (the README names exactly what the server needs: no more, no less)
+    # (the docs names exactly what the server needs: no more, no less)
     assert set(server["env"]) == set(real)
     # the client resolves the command on its PATH (here: this environment's scripts)
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
@@ -124,14 +125,14 @@ def test_an_mcp_client_set_up_from_the_readme_alone_lists_the_proxy_tools(
 
 
 def test_the_readme_http_url_and_header_list_the_proxy_tools(mcp_world: World) -> None:
-    # Given the server started as the README says (on a free port instead of 8765,
+    # Given the server started as the docs says (on a free port instead of 8765,
     # which may be taken on a shared machine) - and 8765 is the command's default
     command = McpCommand().create_parser("effect-broker", "mcp")
     assert (command.get_default("host"), command.get_default("port")) == (
         "127.0.0.1",
         8765,
     )
-    assert "effect-broker mcp --transport http --host 127.0.0.1 --port 8765" in README
+    assert "effect-broker mcp --transport http --host 127.0.0.1 --port 8765" in DOCS
     port = free_port()
     process = subprocess.Popen(
         [
@@ -145,7 +146,7 @@ def test_the_readme_http_url_and_header_list_the_proxy_tools(mcp_world: World) -
     )
     try:
         wait_healthy(process, f"http://127.0.0.1:{port}", "the MCP HTTP server")
-        # And the README's client configuration, the key filled in
+        # And the docs' client configuration, the key filled in
         server = json.loads(snippet("mcp-http"))["mcpServers"]["effect-broker"]
         assert server["type"] == "http"
         url = server["url"].replace(":8765/", f":{port}/")
@@ -198,7 +199,7 @@ class LiveBroker:
 
 @pytest.fixture(scope="module")
 def live(django_db_setup: None, django_db_blocker: Any) -> Iterator[LiveBroker]:
-    """uvicorn serving the API and one worker, on the README's example contracts plus
+    """uvicorn serving the API and one worker, on the docs' example contracts plus
     the gate's ``stripe_charge`` (on the payments service)."""
     with django_db_blocker.unblock():
         connection.ensure_connection()
@@ -253,16 +254,16 @@ def live(django_db_setup: None, django_db_blocker: Any) -> Iterator[LiveBroker]:
 def test_the_readme_sdk_decorator_example_runs_and_replays_against_a_live_broker(
     live: LiveBroker, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Given a tenant's key where the README's example reads it
+    # Given a tenant's key where the docs' example reads it
     tenant, api_key = create_tenant(f"shop-{uuid.uuid4().hex[:6]}")
     monkeypatch.setenv("EFFECT_BROKER_API_KEY", api_key)
     code = snippet("sdk-decorator")
-    assert '"http://127.0.0.1:8000"' in code  # the port the README's uvicorn line uses
-    assert "uvicorn config.asgi:application --port 8000" in README
+    assert '"http://127.0.0.1:8000"' in code  # the port the docs' uvicorn line uses
+    assert "uvicorn config.asgi:application --port 8000" in DOCS
 
     # When the example runs as written (against this broker's address)
     scope: dict[str, Any] = {}
-    runnable = compile(code.replace("http://127.0.0.1:8000", live.url), "README", "exec")
+    runnable = compile(code.replace("http://127.0.0.1:8000", live.url), "docs", "exec")
     try:
         exec(runnable, scope)  # noqa: S102
     finally:
@@ -305,7 +306,7 @@ def test_the_readme_gate_caller_charges_once_however_often_it_is_called(
     live.target.reset()
     tenant, api_key = create_tenant(f"gate-{uuid.uuid4().hex[:6]}")
     scope: dict[str, Any] = {"BROKER_URL": live.url, "API_KEY": api_key}
-    exec(compile(snippet("gate-broker"), "README", "exec"), scope)  # noqa: S102
+    exec(compile(snippet("gate-broker"), "docs", "exec"), scope)  # noqa: S102
 
     # When the charge is called three times (a retrying caller)
     try:
@@ -326,16 +327,16 @@ def test_the_readme_gate_caller_charges_once_however_often_it_is_called(
 def test_the_gate_by_hand_compiles_and_the_readme_counts_the_lines_truly() -> None:
     # The hand-written version needs Stripe and a table: it is compiled, not run
     by_hand = snippet("gate-by-hand")
-    compile(by_hand, "README", "exec")
+    compile(by_hand, "docs", "exec")
     broker = snippet("gate-broker")
     contract = re.search(
         r"```toml\n(\[\[contract\]\]\nname = \"payments.stripe-charge\".*?)```",
-        README,
+        DOCS,
         flags=re.DOTALL,
     )
     assert contract is not None
     # the contract is one the broker loads as written
-    stripe = parse_contracts(contract.group(1), source="README").for_tool("stripe_charge")
+    stripe = parse_contracts(contract.group(1), source="docs").for_tool("stripe_charge")
     assert (stripe.safety.value, stripe.adapter) == ("idempotent", "stripe")
     assert stripe.key_retention == timedelta(hours=24)
     row = (
@@ -343,5 +344,5 @@ def test_the_gate_by_hand_compiles_and_the_readme_counts_the_lines_truly() -> No
         f"(+ {code_lines(contract.group(1))} lines of contract) | "
         f"{code_lines(by_hand)} (+ the table) |"
     )
-    assert row in README
-    assert f"The {code_lines(by_hand)} lines are the minimum" in README
+    assert row in DOCS
+    assert f"The {code_lines(by_hand)} lines are the minimum" in DOCS
