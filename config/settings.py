@@ -1,4 +1,4 @@
-"""Django settings, read from the environment (see README "Configuration").
+"""Django settings, read from the environment (see docs/reference/configuration.md).
 
 ``EFFECT_BROKER_ENV=production`` refuses to start without a database URL, a master key,
 ``DEBUG`` off and a real ``SECRET_KEY``; development fills safe local defaults so a fresh
@@ -300,7 +300,8 @@ USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
 #: Where ``manage.py collectstatic`` gathers the static files WhiteNoise serves in
-#: production (README "Run it"); development serves them from the apps (finders).
+#: production (docs/tutorial/first-hour.md); development serves them from the apps
+#: (finders).
 STATIC_ROOT = Path(
     os.environ.get("EFFECT_BROKER_STATIC_ROOT", "") or STATE_DIR / "staticfiles"
 )
@@ -385,7 +386,7 @@ LOGGING = {
 }
 
 
-# --- Engine: leases, heartbeats and recovery (README "Worker death") -----------------
+# --- Engine: leases, heartbeats and recovery (docs/explanation/workers.md) ---------
 def _seconds(name: str, default: float) -> float:
     raw = os.environ.get(name, "")
     try:
@@ -402,8 +403,9 @@ EFFECT_BROKER_TIMING = {
     "lease_seconds": _seconds("EFFECT_BROKER_LEASE_SECONDS", 30.0),
     "heartbeat_seconds": _seconds("EFFECT_BROKER_HEARTBEAT_SECONDS", 10.0),
     # The send gate refuses to send with less than this left on the lease, and a
-    # negative lookup after a lost worker waits this much longer (README "Worker
-    # death"): it covers the window between the gate and the socket write.
+    # negative lookup after a lost worker waits this much longer
+    # (docs/explanation/workers.md): it covers the window between the gate and the
+    # socket write.
     "send_margin_seconds": _seconds("EFFECT_BROKER_SEND_MARGIN_SECONDS", 2.0),
     "retention_margin_seconds": _seconds("EFFECT_BROKER_RETENTION_MARGIN_SECONDS", 60.0),
     "reconcile_window_seconds": _seconds(

@@ -20,8 +20,8 @@ class EffectBrokerConfig(AppConfig):
         from effect_broker.observability import tracing, worker_metrics
         from effect_broker.store import lock_waits
 
-        # migrate runs without the sessions' statement and lock timeouts (README
-        # "Stuck sessions"); dispatch_uid: once, however many apps migrate.
+        # migrate runs without the sessions' statement and lock timeouts
+        # (docs/explanation/workers.md); dispatch_uid: once, however many apps migrate.
         pre_migrate.connect(
             lock_waits.unbound_for_migrations, dispatch_uid="eb-unbound-migrations"
         )

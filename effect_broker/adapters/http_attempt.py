@@ -17,7 +17,7 @@ holds what httpcore writes and hands the whole request (headers and body up to
 ``HOLD_BYTES``) to the socket in ONE write when the request is complete, and checks
 the gate immediately before that write. A stall anywhere before it is caught by that
 check: nothing was sent. What is left is the stall between that check and the write
-(README "What the guarantees rest on": measured, and closed by a ``fencing_header``).
+(docs/explanation/guarantees.md: measured, and closed by a ``fencing_header``).
 
 The attempt's total time (``gate.remaining()``, the lease the sweeper trusts) bounds
 its I/O: every httpx timeout is capped by it, the body is read chunk by chunk against

@@ -19,7 +19,7 @@ from effect_broker.api.idempotency_key import HEADER, MAX_HEADER_KEY_LENGTH
 from effect_broker.api.problems import catalogue, problem
 from effect_broker.domain.errors import MethodNotAllowedError, RouteNotFoundError
 
-#: The key policy, as published (README "HTTP API" says the same).
+#: The key policy, as published (docs/reference/http-api.md says the same).
 KEY_POLICY = (
     f"POST /v1/effects takes its operation key in the {HEADER} header (a quoted "
     f"string or a bare token, 1 to {MAX_HEADER_KEY_LENGTH} characters, one header) "

@@ -13,10 +13,10 @@ about what a refused key does. A submit costs one token plus one per 16 KiB of b
 (domain/rate_limit.py), because a large submit costs the process that much more.
 
 The buckets live in the API process: with N processes the tenant's ceiling is N times
-the setting (README "Configuration"). Keeping the count in PostgreSQL would make the
-limit exact but would add a statement to every submit, the path issue 13 is paring
-down; a per-process bucket bounds what one process spends on one tenant, which is the
-resource being protected.
+the setting (docs/reference/configuration.md). Keeping the count in PostgreSQL would
+make the limit exact but would add a statement to every submit, the path issue 13 is
+paring down; a per-process bucket bounds what one process spends on one tenant, which
+is the resource being protected.
 
 A batch submit (``effect_batch``) costs one token per item plus the body's: its body
 is charged here at authentication like a submit's, its other items once it is parsed.

@@ -17,7 +17,7 @@ from effect_broker.services.inspection import ForkLinks
 class ProblemOut(Schema):
     """An RFC 9457 problem (``application/problem+json``): how every error is answered.
 
-    ``code`` is stable (README "HTTP API" lists them); some problems add members,
+    ``code`` is stable (docs/reference/http-api.md lists them); some problems add members,
     e.g. ``field`` (which input), ``limit``, ``effect_id``.
     """
 

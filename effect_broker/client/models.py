@@ -1,7 +1,7 @@
 """What the SDK hands back: frozen snapshots of the broker's JSON answers.
 
-Field names are the wire's (README "HTTP API"; ``effect_broker/api/effects.py``), so
-a reader of either finds the other. Members a newer broker adds are ignored, never an
+Field names are the wire's (docs/reference/http-api.md; ``effect_broker/api/effects.py``),
+so a reader of either finds the other. Members a newer broker adds are ignored, never an
 error: the SDK must keep working against a broker one release ahead.
 """
 

@@ -2,7 +2,7 @@
 caller plainly that nobody knows yet. Shared by every client (HTTP, async,
 in-process), so they cannot disagree.
 
-The rule the SDK must never bend (README "What it promises"): an unknown outcome is
+The rule the SDK must never bend (docs/explanation/guarantees.md): an unknown outcome is
 neither a success nor a failure. ``wait`` raises ``OutcomeUnknown`` for it, with the
 effect, and the decorator does the same; neither ever turns it into a result or an
 ``EffectFailed``.
@@ -64,7 +64,7 @@ def outcome_unknown(effect: Effect, *, waited: float | None = None) -> OutcomeUn
     if effect.needs_operator:
         next_step = (
             "Nothing automatic will settle it: an operator must check the target and "
-            "record what happened (README 'Operating')."
+            "record what happened (docs/how-to/operators.md)."
         )
     else:
         after = f" after {waited:g}s" if waited is not None else ""

@@ -7,7 +7,7 @@ mean the same JSON must give the same bytes (key order, ``1`` vs ``1.0``, ``-0.0
 and anything whose meaning could shift between a Python caller, the JSON wire and a
 target API is refused rather than guessed at.
 
-The number rule (README "JSON shapes", "Numbers"; issue 19) is stricter than RFC 8785:
+The number rule (docs/reference/http-api.md; issue 19) is stricter than RFC 8785:
 every number, integer or not, must lie within ±(2**53-1). RFC 8785 accepts any finite
 double, but writes doubles between 2**53 and 1e21 as integer digits (2**68 becomes
 ``295147905179352830000``) that an exact-integer reader takes for another number.

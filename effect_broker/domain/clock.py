@@ -36,7 +36,7 @@ def _suspend_counting_clock() -> tuple[str, Callable[[], float]]:
     suspend in CLOCK_BOOTTIME, macOS in CLOCK_MONOTONIC_RAW (the clock libc++ moved
     ``steady_clock`` to for this reason, LLVM D74341). Elsewhere (Windows, the BSDs)
     ``time.monotonic()`` is what Python offers; whether it counts a suspend is the
-    platform's (README "What the guarantees rest on").
+    platform's (docs/explanation/guarantees.md).
     """
     name = next((n for p, n in _SUSPEND_COUNTING if sys.platform.startswith(p)), "")
     clock_id: int | None = getattr(time, name, None) if name else None

@@ -18,8 +18,7 @@ Linux; ``time.monotonic()`` stood still while a host was suspended, issue 19):
 
 What no local check can close: a stall between the gate's last check and the socket
 write (the HTTP adapter makes that check immediately before its one write of headers
-and body). The send margin is the budget for that window (README "What the guarantees
-rest on").
+and body). The send margin is the budget for that window (docs/explanation/guarantees.md).
 
 The beats come from one thread per process (``services.lease_heartbeat``), not a thread
 per dispatch: a keeper registers for the length of its call.

@@ -61,7 +61,7 @@ class Scheduler(Protocol):
 
 @dataclass(frozen=True)
 class EngineTiming:
-    """Lease and recovery timing (see README "Worker death")."""
+    """Lease and recovery timing (see docs/explanation/workers.md)."""
 
     #: How long a claim on an effect is valid without a heartbeat.
     lease: timedelta = timedelta(seconds=30)

@@ -19,7 +19,8 @@ before it (adapters/http_attempt.py). Two cells per keyed class:
   watchdog cannot cut the late write either: the late request DOES reach the target,
   after the takeover, and the target refuses it by its stale fencing token (409,
   nothing committed). Without a fencing header this window is the residual risk the
-  README states, with the measured figure (``examples/bench/gate_window.py``).
+  guarantees page (docs/explanation/guarantees.md) states, with the measured figure
+  (``examples/bench/gate_window.py``).
 """
 
 from __future__ import annotations
