@@ -11,8 +11,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from config import database
+
+# No per-example deadline: the suite runs on three processes on a 2-vCPU machine, where
+# an example that takes 0.2 s alone can take 0.3 s, and Hypothesis then reports a
+# correct property as flaky. Speed is measured by `effect-broker bench`, not by tests.
+hypothesis_settings.register_profile("suite", deadline=None)
+hypothesis_settings.load_profile("suite")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
