@@ -65,9 +65,9 @@ class SyncBrokerOps(ABC):
         *,
         until: UntilName | Until = "answer",
     ) -> Effect:
-        """Wait until the effect settles and return it (succeeded, failed_final or
-        compensated): it returns a settled effect whatever its outcome, and raises
-        for none (``perform`` does).
+        """Wait until the effect settles and return it, whatever its outcome
+        (succeeded, failed_final or compensated: ``perform`` is what raises for a
+        failure).
 
         ``until="answer"`` (the default): raises ``OutcomeUnknown`` as soon as only an
         operator can settle the effect (an unsafe ``outcome_unknown``,

@@ -1,9 +1,12 @@
 """Wait a bounded time for an effect to settle, woken by its change notifications.
 
 The MCP proxy tools (issue 10, item 3) answer a call with the effect's outcome when it
-comes quickly, and with "still running, call again with the same key" when it does not.
-Waiting is on PostgreSQL LISTEN/NOTIFY (``store.changes``), not polling: the row is
-re-read when a notification names this effect.
+comes quickly, and with "still running, call again with the same key" when it does not;
+the REST long-poll ``GET /v1/effects/{id}/wait`` (issue 23) answers with the effect once
+a wait for ``until`` ends there (``domain.waits``: a final state, or also one only an
+operator can leave), or at its deadline. Waiting is on PostgreSQL LISTEN/NOTIFY
+(``store.changes``), not polling: the row is re-read when a notification names this
+effect.
 
 One LISTEN connection serves every waiter of a process (``ChangeHub``): a waiting call
 holds no database connection and no thread while it waits, so a hundred agents
@@ -66,12 +69,6 @@ def settled_for_caller(record: EffectRecord) -> bool:
     operator can move it on (an unsafe unknown outcome, manual review). A reconcilable
     or idempotent unknown outcome is still being worked on, so it is worth waiting for."""
     return stops_waiting(Until.ANSWER, record)
-
-
-def is_final(record: EffectRecord) -> bool:
-    """True when nothing can change the effect any more: what ``until=settled`` waits
-    for (an operator's resolution of an unknown outcome lands here too)."""
-    return stops_waiting(Until.SETTLED, record)
 
 
 class ChangeHub:

@@ -72,7 +72,9 @@ def test_an_operators_resolution_of_an_unknown_outcome_notifies(
     bench: Bench, operator: Any, verdict: str, evidence: Any, final: str
 ) -> None:
     # A wait for "settled" (issue 23) sits through outcome_unknown and ends only at
-    # the operator's resolution: that change must wake it, not its deadline
+    # the operator's resolution: that change must wake it, not its deadline. (The
+    # resolution passes through manual_review in the same transaction; both notify,
+    # and PostgreSQL delivers the one notification at commit.)
     unknown = bench.unknown_outcome(SafetyClass.UNSAFE)
     url = url_from_settings(connection.settings_dict)
     with psycopg.connect(url, autocommit=True) as conn:

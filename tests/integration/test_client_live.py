@@ -513,6 +513,7 @@ def test_perform_waits_for_the_operator_who_resolves_it_from_the_cli(
     waits = [p for p in paths if p.endswith("/wait")]
     waited = waiter.returned_at - started
     assert 1 <= len(waits) <= math.ceil(waited / MAX_WAIT_SECONDS) + 1, paths
+    assert waiter.returned_at - resolved_at < MAX_WAIT_SECONDS / 2
     assert [p for p in paths if p not in waits] == [
         "/v1/effects",
         f"/v1/effects/{effect_id}/receipt",
