@@ -535,8 +535,13 @@ def test_an_operators_failed_verdict_ends_the_wait_with_the_final_failure(
         waiter.start()
         waiter.join(1.0)
         assert waiter.is_alive()
-        resolve_from_cli(
-            live, effect.effect_id, "--failed", "--reason", "customer cancelled"
+        # (the operator's service, as the CLI above calls it: one CLI start is enough)
+        resolution.resolve(
+            tenant_of(effect.effect_id),
+            effect.effect_id,
+            "failed",
+            operator=make_operator("olga"),
+            reason="customer cancelled",
         )
         waiter.join(60)
         assert not waiter.is_alive()
