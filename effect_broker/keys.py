@@ -5,16 +5,23 @@ An operation key must name one business operation and stay the same on every
 redelivery of it (spec "Operation identity"). Each runtime has an identity that
 survives its own retries, and one that does not:
 
-=========  ==========================================  ==================================
-runtime    stable across retries (the key)             changes per attempt (never in it)
-=========  ==========================================  ==================================
-Temporal   workflow id + activity id                   attempt, run id of the attempt
-Celery     the task id (``self.request.id``)           ``request.retries``
+=========  ==========================================  ===================================
+runtime    stable across retries (the key)             changes on a retry (never in it)
+=========  ==========================================  ===================================
+Temporal   workflow id + activity id                   attempt; the run id (a workflow
+                                                       retry or continue-as-new is a new
+                                                       run)
+Celery     the task id (``self.request.id``)           ``request.retries``; the id of a
+                                                       new ``apply_async``
 DBOS       workflow id + step id                       the step's retry attempt
-LangGraph  thread id + node + step (+ subgraph ns)    the node's retry attempt, run id
+LangGraph  thread id + the business operation, from    the step, task id and checkpoint
+           the graph's state                           namespace (an ``update_state``
+                                                       before a resume moves them)
 agent      run id + the model's tool-call id           the loop's iteration counter
 plain      the business key ``order:42:charge:v1``     -
-=========  ==========================================  ==================================
+=========  ==========================================  ===================================
+
+Each helper's docstring says why its identity holds, and where it stops holding.
 
 How parts become a key: ``<runtime>:<part>:<part>...``, every part checked (a string,
 not empty, no leading or trailing whitespace, printable) and escaped (``%`` -> ``%25``,
@@ -98,17 +105,27 @@ def _digest_key(prefix: str, key: str) -> str:
 
 
 def temporal_key(workflow_id: str, activity_id: str, *, action: str | None = None) -> str:
-    """Key for an effect performed by a Temporal activity.
+    """Key for an effect performed by a Temporal activity: ``workflow_id`` and
+    ``activity_id`` from ``temporalio.activity.info()``.
 
-    From ``temporalio.activity.info()``: ``workflow_id`` and ``activity_id``, never
-    ``attempt`` (it grows with every retry of the activity, while the activity id stays)
-    and never the run id. The Python SDK's default activity ids are a per-run sequence
-    (``"1"``, ``"2"``, ...), stable across retries and replay; a run started by
-    continue-as-new counts from ``"1"`` again, so a workflow that continues as new must
-    give its activities explicit ids (``activity_id="charge-order-42"``) or pass the
-    iteration as ``action``. The workflow id must name one business operation: with an
-    id reuse policy that allows a second execution, that execution replays the first
-    one's effects.
+    Why these: Temporal retries an activity under the same activity id, only
+    ``info.attempt`` grows; and the workflow id is the one identity a workflow keeps
+    when Temporal runs it again. Never the run id (``info.workflow_run_id``): a
+    workflow retry (its retry policy), a reset and continue-as-new each start a new
+    run with a new run id under the same workflow id, so a key with the run id in it
+    names a new operation on every one of them - a second charge after a workflow
+    retry. Never ``attempt`` either.
+
+    Where it stops holding: the Python SDK's default activity ids are a per-run
+    sequence (``"1"``, ``"2"``, ...), stable across activity retries and replay. A
+    retried run executes the same activities in the same order, so its ``"1"`` is the
+    first run's ``"1"`` and replays it, as it should; but a run started by
+    continue-as-new is the next iteration, counts from ``"1"`` again, and would
+    replay the previous iteration's effect instead of performing its own: a workflow
+    that continues as new must give its activities explicit ids
+    (``activity_id="charge-order-42"``) or pass the iteration as ``action``. And the
+    workflow id must name one business operation: with an id reuse policy that
+    allows a second execution, that execution replays the first one's effects.
     """
     return _key(
         "temporal",
@@ -120,11 +137,19 @@ def temporal_key(workflow_id: str, activity_id: str, *, action: str | None = Non
 def celery_key(task_id: str, *, action: str | None = None) -> str:
     """Key for an effect performed by a Celery task: ``self.request.id``.
 
-    ``Task.retry()`` sends the task again with the same task id (only
-    ``request.retries`` grows), and an ``acks_late`` redelivery carries the same
-    message. A second ``.delay()`` is a second task with its own id: when the producer
-    itself may enqueue one operation twice, use ``business_key`` or pass
-    ``task_id=`` a business identity to ``apply_async``.
+    Why it holds: ``Task.retry()`` sends the task again with the same task id (only
+    ``request.retries`` grows), and with ``acks_late`` a message the worker had not
+    acknowledged when it died (the worker killed, or its child with
+    ``task_reject_on_worker_lost``) is delivered again - the same message, the same
+    task id. A broker's visibility timeout (Redis, SQS) may redeliver it while the
+    first run still works: both runs then use one key and the broker performs the
+    effect once.
+
+    Where it stops: a new ``apply_async`` (or ``.delay()``) is a new task with a new
+    id, even for the same operation - a producer that retries its own enqueue, or a
+    beat schedule that fires twice. When the producer itself may enqueue one
+    operation twice, use ``business_key``, or pass ``task_id=`` a business identity to
+    ``apply_async``.
     """
     return _key("celery", [_text("task_id", task_id)], action)
 
@@ -133,9 +158,20 @@ def dbos_key(workflow_id: str, step_id: int, *, action: str | None = None) -> st
     """Key for an effect performed by a DBOS step: ``DBOS.workflow_id`` and
     ``DBOS.step_id``.
 
-    The step id is the step's position in its workflow: the same for every retry of
-    the step (``retries_allowed``) and when a recovered workflow re-executes a step that
-    had not completed; the workflow id is the workflow's idempotency key.
+    Why it holds across recovery: the workflow id is the workflow's idempotency key,
+    and the step id is the step's position in its workflow, counted in call order.
+    Recovery runs the workflow function again from the start under the same workflow
+    id: its completed steps return the outputs DBOS recorded without running, so a
+    deterministic workflow reaches the unfinished step with the same count, and that
+    step runs again under the same id. A retry of the
+    step (``retries_allowed``) keeps its id too.
+
+    Where it stops: the count assumes the same code takes the same path. DBOS
+    recovers a pending workflow only on the application version that started it, so
+    a deploy does not renumber a recovering workflow's steps; but a workflow whose
+    step order depends on something outside DBOS (the clock, a random choice, a read
+    that is not a step) may reach the effect at another position - pass ``action``
+    or key on the business operation (``business_key``) then.
     """
     return _key(
         "dbos",
@@ -146,32 +182,48 @@ def dbos_key(workflow_id: str, step_id: int, *, action: str | None = None) -> st
 
 def langgraph_key(
     thread_id: str,
-    node: str,
-    step: int,
-    *,
-    checkpoint_ns: str = "",
+    operation: str,
+    *removed: object,
     action: str | None = None,
+    **removed_keywords: object,
 ) -> str:
-    """Key for an effect performed by a LangGraph node.
+    """Key for an effect performed by a LangGraph node: the thread, and the business
+    operation the node performs, taken from the graph's state.
 
-    From the node's ``config``: ``configurable.thread_id``, and ``metadata``'s
-    ``langgraph_node`` and ``langgraph_step``. A node retried by its ``RetryPolicy``,
-    or re-run when the graph resumes from its checkpoint after a failure, has the same
-    thread, node and step; a later visit of the node has a later step. Inside a
-    subgraph pass ``checkpoint_ns=config["metadata"].get("checkpoint_ns", "")``: a
-    subgraph's steps count on their own, and its namespace (``"sub:<task id>"``, the id
-    derived from the parent's checkpoint) tells them apart. Nodes fanned out with
-    ``Send`` share a step: pass ``action`` (the item's identity) to tell them apart.
+    ``thread_id`` is ``config["configurable"]["thread_id"]``. ``operation`` names what
+    is done, from the state, never from where the graph is: the business action
+    (``f"order:{state['order_id']}:charge"``), or a key an earlier node wrote into the
+    state (a node that plans the charge stores ``{"charge_key": ...}``; LangGraph
+    checkpoints the state before the next node runs, so every re-run of the charging
+    node reads the same one).
+
+    Why not the node and its step (``metadata["langgraph_step"]``), the task id or
+    ``checkpoint_ns``: they are positions in the thread's checkpoint history, and
+    recovery can move them. A ``RetryPolicy`` retry, and a plain resume after a
+    crash, re-run the node at the same step; but an ``update_state`` before the
+    resume - a person repairing the state, the usual human-in-the-loop fix - writes
+    a checkpoint, and the node re-runs one step later under a new task id (a
+    subgraph's namespace embeds that id). A key built from them would name a second
+    operation: a second charge (``tests/unit/test_keys.py`` shows the step move).
+    Earlier releases built the key from node and step; that call
+    (``langgraph_key(thread_id, node, step)``) is now a ``TypeError``, so it cannot
+    silently become another key.
+
+    Where it stops: two threads performing the same business operation have two
+    keys; when a user may start the same operation in a new thread, use
+    ``business_key``. Nodes fanned out with ``Send`` perform one operation each: put
+    the item's identity in ``operation`` (or ``action``).
     """
-    namespace = "" if checkpoint_ns == "" else _text("checkpoint_ns", checkpoint_ns)
+    if removed or removed_keywords:
+        given = [repr(value) for value in removed] + list(removed_keywords)
+        raise TypeError(
+            "langgraph_key(thread_id, operation, *, action=None) takes the business "
+            "operation from the graph's state, not the node's position (node, step, "
+            f"checkpoint_ns), which can move after recovery; got also {', '.join(given)}"
+        )
     return _key(
         "langgraph",
-        [
-            _text("thread_id", thread_id),
-            namespace,
-            _text("node", node),
-            _text("step", step, allow_int=True),
-        ],
+        [_text("thread_id", thread_id), _text("operation", operation)],
         action,
     )
 

@@ -2,7 +2,7 @@
 calls a service and maps errors (in one place: ``problems``).
 
 - ``effects``: the public effects API, authenticated by a tenant's API key
-  (``effect_batch``: its batch submit);
+  (``effect_batch``: its batch submit; ``effect_wait``: its long-poll);
 - ``operators``: resolution and forks, authenticated by an operator token;
 - ``health``: liveness and readiness.
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from ninja import NinjaAPI
 
-from effect_broker.api import effect_batch, effects, health, operators
+from effect_broker.api import effect_batch, effect_wait, effects, health, operators
 from effect_broker.api.database_unavailable import install as install_database_unavailable
 from effect_broker.api.docs_access import docs_access
 from effect_broker.api.problems import StrictJsonParser, install_handlers, problem
@@ -50,6 +50,7 @@ install_database_unavailable(api)  # after install_handlers: it falls back to th
 # Before the effects router: "/v1/effects/{effect_id}" would otherwise take "batch".
 api.add_router("", effect_batch.router)
 api.add_router("", effects.router)
+api.add_router("", effect_wait.router)
 api.add_router("", operators.router)
 api.add_router("", health.router)
 

@@ -16,7 +16,11 @@ alive"; failing it because the process is busy would get a healthy, loaded proce
 restarted. ``/readyz`` is limited, since it needs a connection like any request.
 Static files (``/static/``, the admin's CSS and the docs' assets served by WhiteNoise)
 touch no database either: a page's dozen asset requests must not take the request
-slots its API calls need.
+slots its API calls need. Nor is the effect long-poll (``GET /v1/effects/{id}/wait``,
+``effect_broker.api.effect_wait``), for the reason ``/mcp`` is not (``config/asgi.py``):
+it spends up to 25 s waiting while holding no connection, and a slot held that long
+per waiting agent would starve every other route; its few short reads are bounded by
+the same pool.
 
 The middleware also answers the ASGI lifespan protocol, which Django does not speak,
 and closes the database pool at shutdown so PostgreSQL sees clean disconnects.
@@ -27,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -51,6 +56,8 @@ ASGIApp = Callable[..., Awaitable[None]]
 #: Paths outside the limit (see the module docstring).
 UNLIMITED_PATHS = frozenset({"/healthz"})
 UNLIMITED_PREFIXES = ("/static/",)
+#: The effect long-poll: ``/v1/effects/<one segment>/wait``.
+LONG_POLL = re.compile(r"/v1/effects/[^/]+/wait")
 
 
 class InFlightLimit:
@@ -97,6 +104,7 @@ class InFlightLimit:
             scope["type"] != "http"
             or path in UNLIMITED_PATHS
             or path.startswith(UNLIMITED_PREFIXES)
+            or LONG_POLL.fullmatch(path)
         ):
             await self.app(scope, receive, send)
             return

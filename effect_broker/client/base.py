@@ -19,6 +19,8 @@ from typing import Any, ParamSpec
 
 from effect_broker.client import waiting
 from effect_broker.client.models import Effect, History, Receipt
+from effect_broker.client.waiting import OnUnknown, UntilName
+from effect_broker.domain.waits import Until, until_of
 
 P = ParamSpec("P")
 
@@ -56,24 +58,53 @@ class SyncBrokerOps(ABC):
     def history(self, effect_id: str, at_sequence: int | None = None) -> History:
         """The effect folded from its verified events (up to ``at_sequence``)."""
 
-    def wait(self, effect_id: str, timeout: float = DEFAULT_WAIT) -> Effect:
-        """Wait until the effect settles and return it (succeeded, failed_final or
-        compensated).
+    def wait(
+        self,
+        effect_id: str,
+        timeout: float = DEFAULT_WAIT,
+        *,
+        until: UntilName | Until = "answer",
+    ) -> Effect:
+        """Wait until the effect settles and return it, whatever its outcome
+        (succeeded, failed_final or compensated: ``perform`` is what raises for a
+        failure).
 
-        Raises ``OutcomeUnknown`` as soon as only an operator can settle the effect,
-        or when ``timeout`` runs out while the broker is still reconciling it;
-        ``WaitTimeout`` when it runs out while the effect is still in progress.
+        ``until="answer"`` (the default): raises ``OutcomeUnknown`` as soon as only an
+        operator can settle the effect (an unsafe ``outcome_unknown``,
+        ``manual_review``). ``until="settled"``: waits through those until an
+        operator resolves the effect, for a workflow that would rather pause than
+        fail. Either way, ``OutcomeUnknown`` when ``timeout`` runs out while nobody
+        knows yet whether the effect happened (reconciling, or no operator yet),
+        ``WaitTimeout`` when it runs out while the effect is still in progress; an
+        unknown outcome is never turned into a result or a failure.
+
+        The HTTP clients wait on the broker's long-poll (``GET
+        /v1/effects/{id}/wait``): woken by the change itself, one request per
+        ``MAX_WAIT_SECONDS`` at most while nothing happens.
         """
+        rule = until_of(until)
         deadline = self._monotonic() + timeout
         pauses = waiting.poll_intervals()
         while True:
-            effect = self.get(effect_id)
-            if waiting.check(effect) is not None:
+            asked = self._monotonic()
+            effect = self._watch(effect_id, deadline - asked, rule)
+            if waiting.check(effect, rule) is not None:
                 return effect
-            left = deadline - self._monotonic()
+            now = self._monotonic()
+            left = deadline - now
             if left <= 0:
                 raise waiting.timed_out(effect, timeout)
-            self._sleep(min(next(pauses), left))
+            # A long-poll already waited; a plain read (or a broker that answered at
+            # once) did not, and reads again only after the schedule's pause.
+            rest = waiting.next_pause(pauses, effect) - (now - asked)
+            if rest > 0:
+                self._sleep(min(rest, left))
+
+    def _watch(self, effect_id: str, seconds: float, until: Until) -> Effect:
+        """The effect after waiting at most ``seconds`` for a state ``until`` stops at.
+        This default reads at once (``wait`` then pauses); a client that can be woken
+        by the broker overrides it."""
+        return self.get(effect_id)
 
     def perform(
         self,
@@ -84,6 +115,7 @@ class SyncBrokerOps(ABC):
         timeout: float = DEFAULT_WAIT,
         trace_id: str | None = None,
         requested_by: str = "",
+        on_unknown: OnUnknown = "raise",
     ) -> dict[str, Any]:
         """Submit, wait, and return the receipt's result:
         ``perform(operation_key, tool=..., arguments=...)``.
@@ -95,13 +127,20 @@ class SyncBrokerOps(ABC):
         Raises ``OutcomeUnknown`` (never a result, never ``EffectFailed``) when nobody
         knows whether the effect happened, ``EffectFailed`` when it ended
         ``failed_final`` (its message says whether that is proof it did not happen).
+        ``on_unknown="wait"`` waits (``wait(until="settled")``, up to ``timeout``) for
+        an operator to settle an effect only they can settle, and then returns the
+        result or raises the final failure; ``"raise"`` (the default) raises
+        ``OutcomeUnknown`` at once.
         """
         tool, arguments = _keywords_only(positional, tool, arguments)
+        until = waiting.on_unknown_until(on_unknown)
         submitted = self.submit(
             operation_key, tool, arguments, trace_id=trace_id, requested_by=requested_by
         )
         effect = (
-            submitted if submitted.settled else self.wait(submitted.effect_id, timeout)
+            submitted
+            if submitted.settled
+            else self.wait(submitted.effect_id, timeout, until=until)
         )
         waiting.result_of(effect)
         return dict(self.receipt(effect.effect_id).result)
@@ -113,6 +152,7 @@ class SyncBrokerOps(ABC):
         key: Callable[..., str],
         arguments: Callable[..., Mapping[str, Any]] | None = None,
         timeout: float = DEFAULT_WAIT,
+        on_unknown: OnUnknown = "raise",
     ) -> Callable[[Callable[P, Any]], Callable[P, dict[str, Any]]]:
         """Decorate a function so that calling it performs ``tool`` through the broker.
 
@@ -120,7 +160,8 @@ class SyncBrokerOps(ABC):
         arguments (or ``arguments(**those)`` when given); ``key(**those)`` is the
         operation key. The body is never run: the broker's worker performs the effect,
         and the call returns the receipt's result or raises (``OutcomeUnknown``,
-        ``EffectFailed``, ``PayloadConflict``, ...)::
+        ``EffectFailed``, ``PayloadConflict``, ...); ``timeout`` and ``on_unknown``
+        are ``perform``'s::
 
             @broker.effect(
                 tool="charge_card", key=lambda order, **_: f"order:{order}:charge:v1"
@@ -135,6 +176,7 @@ class SyncBrokerOps(ABC):
                     "AsyncBrokerClient's effect()"
                 )
             named = _named_arguments(func)
+            waiting.on_unknown_until(on_unknown)  # a bad value fails here, not per call
 
             @functools.wraps(func)
             def call(*args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
@@ -144,6 +186,7 @@ class SyncBrokerOps(ABC):
                     tool=tool,
                     arguments=arguments(**values) if arguments else values,
                     timeout=timeout,
+                    on_unknown=on_unknown,
                 )
 
             return call
@@ -181,18 +224,33 @@ class AsyncBrokerOps(ABC):
     async def history(self, effect_id: str, at_sequence: int | None = None) -> History:
         """The effect folded from its verified events (up to ``at_sequence``)."""
 
-    async def wait(self, effect_id: str, timeout: float = DEFAULT_WAIT) -> Effect:
+    async def wait(
+        self,
+        effect_id: str,
+        timeout: float = DEFAULT_WAIT,
+        *,
+        until: UntilName | Until = "answer",
+    ) -> Effect:
         """Wait until the effect settles; see ``SyncBrokerOps.wait``."""
+        rule = until_of(until)
         deadline = self._monotonic() + timeout
         pauses = waiting.poll_intervals()
         while True:
-            effect = await self.get(effect_id)
-            if waiting.check(effect) is not None:
+            asked = self._monotonic()
+            effect = await self._watch(effect_id, deadline - asked, rule)
+            if waiting.check(effect, rule) is not None:
                 return effect
-            left = deadline - self._monotonic()
+            now = self._monotonic()
+            left = deadline - now
             if left <= 0:
                 raise waiting.timed_out(effect, timeout)
-            await self._sleep(min(next(pauses), left))
+            rest = waiting.next_pause(pauses, effect) - (now - asked)
+            if rest > 0:
+                await self._sleep(min(rest, left))
+
+    async def _watch(self, effect_id: str, seconds: float, until: Until) -> Effect:
+        """See ``SyncBrokerOps._watch``."""
+        return await self.get(effect_id)
 
     async def perform(
         self,
@@ -203,16 +261,18 @@ class AsyncBrokerOps(ABC):
         timeout: float = DEFAULT_WAIT,
         trace_id: str | None = None,
         requested_by: str = "",
+        on_unknown: OnUnknown = "raise",
     ) -> dict[str, Any]:
         """Submit, wait, return the receipt's result; see ``SyncBrokerOps.perform``."""
         tool, arguments = _keywords_only(positional, tool, arguments)
+        until = waiting.on_unknown_until(on_unknown)
         submitted = await self.submit(
             operation_key, tool, arguments, trace_id=trace_id, requested_by=requested_by
         )
         effect = (
             submitted
             if submitted.settled
-            else await self.wait(submitted.effect_id, timeout)
+            else await self.wait(submitted.effect_id, timeout, until=until)
         )
         waiting.result_of(effect)
         return dict((await self.receipt(effect.effect_id)).result)
@@ -224,6 +284,7 @@ class AsyncBrokerOps(ABC):
         key: Callable[..., str],
         arguments: Callable[..., Mapping[str, Any]] | None = None,
         timeout: float = DEFAULT_WAIT,
+        on_unknown: OnUnknown = "raise",
     ) -> Callable[[Callable[P, Awaitable[Any]]], Callable[P, Awaitable[dict[str, Any]]]]:
         """Decorate an ``async def`` so that awaiting it performs ``tool`` through the
         broker; see ``SyncBrokerOps.effect``."""
@@ -237,6 +298,7 @@ class AsyncBrokerOps(ABC):
                     "BrokerClient's effect()"
                 )
             named = _named_arguments(func)
+            waiting.on_unknown_until(on_unknown)  # a bad value fails here, not per call
 
             @functools.wraps(func)
             async def call(*args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
@@ -246,6 +308,7 @@ class AsyncBrokerOps(ABC):
                     tool=tool,
                     arguments=arguments(**values) if arguments else values,
                     timeout=timeout,
+                    on_unknown=on_unknown,
                 )
 
             return call

@@ -4,6 +4,11 @@ Every request goes through one ``_send`` that resends on transport errors and 5x
 (and a 429 with ``Retry-After``) under a ``RetryPolicy``. Resending a submit is safe
 because the operation key, not the request, is the effect's identity: a resend
 reserves the effect or replays it, never a second one (``retrying`` says more).
+
+``wait`` waits on the broker's long-poll, ``GET /v1/effects/{id}/wait``, woken by
+the effect's change; a broker without it (older than the SDK: a 404
+``route_not_found``) is read with ``GET /v1/effects/{id}`` on ``wait``'s schedule
+instead, once found out, for the rest of the client's life.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import httpx
 
 from effect_broker.client import wire
 from effect_broker.client.base import AsyncBrokerOps, SyncBrokerOps
+from effect_broker.client.errors import RouteNotFound
 from effect_broker.client.models import BatchItem, BatchResult, Effect, History, Receipt
 from effect_broker.client.retrying import (
     RetryPolicy,
@@ -25,6 +31,7 @@ from effect_broker.client.retrying import (
     retry_after_seconds,
     should_resend,
 )
+from effect_broker.domain.waits import Until
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +117,8 @@ class BrokerClient(SyncBrokerOps):
         )
         if http_client is not None:
             self._http.headers.update(wire.headers(api_key))
+        #: False once the broker answered the long-poll with route_not_found.
+        self._long_poll = True
 
     def __enter__(self) -> Self:
         return self
@@ -167,6 +176,23 @@ class BrokerClient(SyncBrokerOps):
         """``GET /v1/effects/{id}``."""
         return Effect.from_wire(self._send("GET", wire.effect_path(effect_id)))
 
+    def _watch(self, effect_id: str, seconds: float, until: Until) -> Effect:
+        """``GET /v1/effects/{id}/wait``: the broker answers when the effect reaches a
+        state ``until`` stops at, or after ``seconds`` (at most its cap)."""
+        if self._long_poll and seconds > 0:
+            try:
+                return Effect.from_wire(
+                    self._send(
+                        "GET",
+                        wire.effect_path(effect_id, wire.WAIT),
+                        params=wire.wait_params(seconds, until),
+                        timeout=wire.long_poll_timeout(self._http.timeout, seconds),
+                    )
+                )
+            except RouteNotFound:
+                self._long_poll = False  # an older broker: read on wait's schedule
+        return self.get(effect_id)
+
     def receipt(self, effect_id: str) -> Receipt:
         """``GET /v1/effects/{id}/receipt`` (``EffectNotFound`` while there is none)."""
         return Receipt.from_wire(
@@ -188,6 +214,7 @@ class BrokerClient(SyncBrokerOps):
         content: bytes | None = None,
         params: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
+        timeout: httpx.Timeout | None = None,
     ) -> Any:
         resends = _Resends(self._retry, self._rand)
         resend = 0
@@ -202,6 +229,7 @@ class BrokerClient(SyncBrokerOps):
                         **({"Content-Type": "application/json"} if content else {}),
                         **(headers or {}),
                     },
+                    timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
                 )
             except httpx.TransportError as exc:
                 wait, why = resends.after_error(method, path, resend, exc)
@@ -243,6 +271,8 @@ class AsyncBrokerClient(AsyncBrokerOps):
         )
         if http_client is not None:
             self._http.headers.update(wire.headers(api_key))
+        #: False once the broker answered the long-poll with route_not_found.
+        self._long_poll = True
 
     async def __aenter__(self) -> Self:
         return self
@@ -292,6 +322,22 @@ class AsyncBrokerClient(AsyncBrokerOps):
         """``GET /v1/effects/{id}``."""
         return Effect.from_wire(await self._send("GET", wire.effect_path(effect_id)))
 
+    async def _watch(self, effect_id: str, seconds: float, until: Until) -> Effect:
+        """``GET /v1/effects/{id}/wait``; see ``BrokerClient._watch``."""
+        if self._long_poll and seconds > 0:
+            try:
+                return Effect.from_wire(
+                    await self._send(
+                        "GET",
+                        wire.effect_path(effect_id, wire.WAIT),
+                        params=wire.wait_params(seconds, until),
+                        timeout=wire.long_poll_timeout(self._http.timeout, seconds),
+                    )
+                )
+            except RouteNotFound:
+                self._long_poll = False  # an older broker: read on wait's schedule
+        return await self.get(effect_id)
+
     async def receipt(self, effect_id: str) -> Receipt:
         """``GET /v1/effects/{id}/receipt`` (``EffectNotFound`` while there is none)."""
         return Receipt.from_wire(
@@ -313,6 +359,7 @@ class AsyncBrokerClient(AsyncBrokerOps):
         content: bytes | None = None,
         params: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
+        timeout: httpx.Timeout | None = None,
     ) -> Any:
         resends = _Resends(self._retry, self._rand)
         resend = 0
@@ -327,6 +374,7 @@ class AsyncBrokerClient(AsyncBrokerOps):
                         **({"Content-Type": "application/json"} if content else {}),
                         **(headers or {}),
                     },
+                    timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
                 )
             except httpx.TransportError as exc:
                 wait, why = resends.after_error(method, path, resend, exc)

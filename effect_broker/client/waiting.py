@@ -1,16 +1,19 @@
 """What a wait concludes from the effect it read: done, keep waiting, or tell the
 caller plainly that nobody knows yet. Shared by every client (HTTP, async,
-in-process), so they cannot disagree.
+in-process), so they cannot disagree; when a wait ends is ``domain.waits``'s rule,
+which the broker's long-poll applies too.
 
 The rule the SDK must never bend (docs/explanation/guarantees.md): an unknown outcome is
 neither a success nor a failure. ``wait`` raises ``OutcomeUnknown`` for it, with the
 effect, and the decorator does the same; neither ever turns it into a result or an
-``EffectFailed``.
+``EffectFailed``. ``until="settled"`` only moves the moment: it waits for the
+operator's resolution, and a wait that runs out first still raises ``OutcomeUnknown``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Literal
 
 from effect_broker.client.errors import (
     EffectCompensated,
@@ -19,10 +22,36 @@ from effect_broker.client.errors import (
     WaitTimeout,
 )
 from effect_broker.client.models import UNKNOWN_STATUSES, Effect
+from effect_broker.domain.waits import Until, stops
+
+#: ``wait``'s ``until``: ``"answer"`` (default) or ``"settled"`` (``domain.waits``).
+UntilName = Literal["answer", "settled"]
+#: ``perform``'s ``on_unknown``: ``"raise"`` (default) or ``"wait"`` for the operator.
+OnUnknown = Literal["raise", "wait"]
 
 #: First and largest pause between two reads of a waited-on effect, in seconds.
 POLL_FIRST = 0.05
 POLL_MAX = 1.0
+#: The pause between two reads while the effect waits for a person (a client without
+#: the broker's long-poll): an operator decides in minutes, so reading every second
+#: for an hour would be 3,600 reads for nothing.
+POLL_OPERATOR = 5.0
+
+
+def on_unknown_until(on_unknown: object) -> Until:
+    """``perform``'s ``on_unknown`` as the ``until`` of its wait."""
+    if on_unknown == "raise":
+        return Until.ANSWER
+    if on_unknown == "wait":
+        return Until.SETTLED
+    if not isinstance(on_unknown, str):
+        raise TypeError(
+            f"on_unknown must be 'raise' or 'wait', not {type(on_unknown).__name__}"
+        )
+    raise ValueError(
+        "on_unknown must be 'raise' (OutcomeUnknown as soon as only an operator can "
+        f"settle the effect) or 'wait' (wait for the operator), got {on_unknown!r}"
+    )
 
 
 def poll_intervals(
@@ -36,20 +65,29 @@ def poll_intervals(
         pause = min(largest, pause * 1.5)
 
 
-def check(effect: Effect) -> Effect | None:
-    """The effect if it has settled; None to keep waiting; raise ``OutcomeUnknown``
-    when only an operator can move it on (waiting longer cannot help)."""
-    if effect.settled:
+def check(effect: Effect, until: Until = Until.ANSWER) -> Effect | None:
+    """The effect if it has settled; None to keep waiting; for ``until="answer"``,
+    raise ``OutcomeUnknown`` when only an operator can move it on (waiting longer
+    cannot help without one). Any other state keeps the wait going."""
+    if stops(until, final=effect.settled, needs_operator=effect.needs_operator):
+        if not effect.settled:
+            raise outcome_unknown(effect)
         return effect
-    if effect.needs_operator:
-        raise outcome_unknown(effect)
     return None
 
 
+def next_pause(pauses: Iterator[float], effect: Effect) -> float:
+    """The pause before the next read of ``effect``: the growing schedule, or
+    ``POLL_OPERATOR`` while a wait for ``settled`` waits for a person."""
+    step = next(pauses)
+    return max(step, POLL_OPERATOR) if effect.needs_operator else step
+
+
 def timed_out(effect: Effect, timeout: float) -> Exception:
-    """The error for a wait that ran out: ``OutcomeUnknown`` if the broker was still
-    finding out whether the effect happened, else ``WaitTimeout`` (still running)."""
-    if effect.status in UNKNOWN_STATUSES:
+    """The error for a wait that ran out: ``OutcomeUnknown`` if nobody knows yet
+    whether the effect happened (the broker still reconciling, or an operator yet to
+    decide), else ``WaitTimeout`` (still running)."""
+    if effect.status in UNKNOWN_STATUSES or effect.needs_operator:
         return outcome_unknown(effect, waited=timeout)
     return WaitTimeout(
         f"effect {effect.effect_id} ({effect.tool}) is still {effect.status} after "
@@ -61,13 +99,15 @@ def timed_out(effect: Effect, timeout: float) -> Exception:
 
 def outcome_unknown(effect: Effect, *, waited: float | None = None) -> OutcomeUnknown:
     """``OutcomeUnknown`` for ``effect``, saying plainly what is and is not known."""
+    after = f" after {waited:g}s" if waited is not None else ""
     if effect.needs_operator:
         next_step = (
             "Nothing automatic will settle it: an operator must check the target and "
             "record what happened (docs/how-to/operators.md)."
         )
+        if waited is not None:
+            next_step += f" No operator had{after}; wait for it again (until='settled')."
     else:
-        after = f" after {waited:g}s" if waited is not None else ""
         next_step = (
             f"The broker is still reconciling it with the target{after}; wait for it "
             "again."

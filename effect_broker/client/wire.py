@@ -25,9 +25,12 @@ from effect_broker.client.models import BatchItem, BatchResult
 from effect_broker.domain.canonical import canonical_json
 from effect_broker.domain.errors import EffectBrokerError, InvalidRequestError
 from effect_broker.domain.keys import validate_operation_key
+from effect_broker.domain.waits import MAX_WAIT_SECONDS, Until
 
 EFFECTS = "/v1/effects"
 EFFECTS_BATCH = "/v1/effects/batch"
+#: ``/v1/effects/{id}/wait``: the long-poll (``effect_broker/api/effect_wait.py``).
+WAIT = "wait"
 USER_AGENT = f"effect-broker-python/{__version__}"
 
 
@@ -57,6 +60,22 @@ def idempotency_key_header(operation_key: str) -> dict[str, str]:
 def effect_path(effect_id: str, *rest: str) -> str:
     """``/v1/effects/{id}[/rest]``, the id escaped so it cannot name another path."""
     return "/".join((EFFECTS, quote(str(effect_id), safe=""), *rest))
+
+
+def wait_params(seconds: float, until: Until) -> dict[str, str]:
+    """The long-poll's query: wait ``seconds`` (capped at the broker's
+    ``MAX_WAIT_SECONDS``, never below 0) for a state ``until`` stops at."""
+    bounded = min(max(seconds, 0.0), MAX_WAIT_SECONDS)
+    return {"timeout": f"{bounded:.3f}", "until": until.value}
+
+
+def long_poll_timeout(client: httpx.Timeout, seconds: float) -> httpx.Timeout:
+    """The client's timeouts with room for the broker to wait ``seconds`` before it
+    answers: a read may take that long on top of the usual bound."""
+    read = None if client.read is None else client.read + min(seconds, MAX_WAIT_SECONDS)
+    return httpx.Timeout(
+        connect=client.connect, read=read, write=client.write, pool=client.pool
+    )
 
 
 def _submit_fields(

@@ -16,12 +16,10 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-import anyio
 import jsonschema
 import mcp.types as types
-from django.db import connections
 from mcp.server import Server, ServerRequestContext
 
 from effect_broker.api.rate_limit import charge_submit
@@ -37,6 +35,7 @@ from effect_broker.mcp import tools
 from effect_broker.mcp.passthrough import PassThroughMirror
 from effect_broker.models import Tenant
 from effect_broker.services import awaiting, inspection, resolution
+from effect_broker.services.awaiting import in_thread
 from effect_broker.services.runtime import get_runtime
 from effect_broker.services.submission import submit
 
@@ -45,7 +44,6 @@ logger = logging.getLogger(__name__)
 #: Finds the caller's tenant for a request (fixed for stdio, per request for HTTP).
 TenantResolver = Callable[[ServerRequestContext[Any, Any]], Tenant]
 
-_T = TypeVar("_T")
 
 #: Default bound on how long a proxy call waits for its effect to settle.
 DEFAULT_WAIT_SECONDS = 10.0
@@ -155,32 +153,7 @@ def build_server(resolve_tenant: TenantResolver, settings: McpSettings) -> Serve
     )
 
 
-# --- calls (each service call runs in a worker thread) ------------------------------
-
-
-async def in_thread(fn: Callable[..., _T], *args: Any) -> _T:
-    """Run the synchronous Django code ``fn(*args)`` in a worker thread, and give back
-    the database connection it took before the thread is reused.
-
-    Every piece of Django code the MCP surface runs off the event loop (a tool's
-    service call, the HTTP transport's key check) goes through here: nothing else
-    returns such a connection. Issue 19: the key check ran on a bare worker thread,
-    and each of anyio's 40 threads kept the pooled connection it drew, for good: 40
-    bad keys emptied the API's pool (every REST call a 503 until restart), and left
-    the standalone server with 38 idle PostgreSQL connections.
-    """
-
-    def run() -> _T:
-        try:
-            return fn(*args)
-        finally:
-            # Worker threads come and go: a connection left on one would outlive it
-            # unclosed (and a pooled one is never lent again). Closing returns a
-            # pooled connection to the pool; one connection per call is cheap next to
-            # the call itself.
-            connections.close_all()
-
-    return await anyio.to_thread.run_sync(run)
+# --- calls (each service call runs in a worker thread: ``awaiting.in_thread``) --------
 
 
 def _call(

@@ -1,9 +1,12 @@
 """Wait a bounded time for an effect to settle, woken by its change notifications.
 
 The MCP proxy tools (issue 10, item 3) answer a call with the effect's outcome when it
-comes quickly, and with "still running, call again with the same key" when it does not.
-Waiting is on PostgreSQL LISTEN/NOTIFY (``store.changes``), not polling: the row is
-re-read when a notification names this effect.
+comes quickly, and with "still running, call again with the same key" when it does not;
+the REST long-poll ``GET /v1/effects/{id}/wait`` (issue 23) answers with the effect once
+a wait for ``until`` ends there (``domain.waits``: a final state, or also one only an
+operator can leave), or at its deadline. Waiting is on PostgreSQL LISTEN/NOTIFY
+(``store.changes``), not polling: the row is re-read when a notification names this
+effect.
 
 One LISTEN connection serves every waiter of a process (``ChangeHub``): a waiting call
 holds no database connection and no thread while it waits, so a hundred agents
@@ -20,19 +23,22 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import anyio
 from django.db import connections
 
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus
+from effect_broker.domain.waits import Until, stops
 from effect_broker.models import Tenant
 from effect_broker.services import inspection
 from effect_broker.store.changes import listen, open_listener
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: Final states: nothing automatic changes them.
 FINAL = frozenset(
@@ -49,11 +55,20 @@ BACKOFF_FIRST_SECONDS = 0.2
 BACKOFF_MAX_SECONDS = 5.0
 
 
+def stops_waiting(until: Until, record: EffectRecord) -> bool:
+    """True when a wait for ``until`` ends at ``record`` (``domain.waits.stops``)."""
+    return stops(
+        until,
+        final=record.status in FINAL,
+        needs_operator=inspection.needs_operator(record),
+    )
+
+
 def settled_for_caller(record: EffectRecord) -> bool:
     """True when waiting longer cannot help the caller: the effect is final, or only an
     operator can move it on (an unsafe unknown outcome, manual review). A reconcilable
     or idempotent unknown outcome is still being worked on, so it is worth waiting for."""
-    return record.status in FINAL or inspection.needs_operator(record)
+    return stops_waiting(Until.ANSWER, record)
 
 
 class ChangeHub:
@@ -170,10 +185,19 @@ async def close_change_hub() -> None:
 
 
 async def wait_until_settled(
-    tenant: Tenant, effect_id: str, timeout: float
+    tenant: Tenant,
+    effect_id: str,
+    timeout: float,
+    *,
+    stop: Callable[[EffectRecord], bool] = settled_for_caller,
 ) -> EffectRecord:
-    """Return ``tenant``'s effect once it is settled for its caller, or as it is when
-    ``timeout`` seconds have passed."""
+    """Return ``tenant``'s effect once ``stop`` holds for it (by default: settled for
+    its caller), or as it is when ``timeout`` seconds have passed.
+
+    Every state a ``stop`` of ``stops_waiting`` can end in is one migration 0014
+    notifies (``tests/unit/test_change_notify_states.py``), so the wait is woken by the
+    change that ends it, not found by the re-check.
+    """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     hub = change_hub()
@@ -181,7 +205,7 @@ async def wait_until_settled(
         # Read after subscribing: a change committed before is in this read, and
         # one committed after wakes ``changed`` (or the re-check reads it).
         record = await _read(tenant, effect_id)
-        while not settled_for_caller(record):
+        while not stop(record):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
@@ -197,13 +221,29 @@ async def wait_until_settled(
 
 
 async def _read(tenant: Tenant, effect_id: str) -> EffectRecord:
-    return await anyio.to_thread.run_sync(_read_in_thread, tenant, effect_id)
+    return await in_thread(inspection.get_effect, tenant, effect_id)
 
 
-def _read_in_thread(tenant: Tenant, effect_id: str) -> EffectRecord:
-    try:
-        return inspection.get_effect(tenant, effect_id)
-    finally:
-        # Between reads the waiter holds no connection (module docstring); worker
-        # threads come and go, and a connection left on one would outlive it.
-        connections.close_all()
+async def in_thread(fn: Callable[..., _T], *args: Any) -> _T:
+    """Run the synchronous Django code ``fn(*args)`` in a worker thread, and give back
+    the database connection it took before the thread is reused.
+
+    Every piece of Django code an async surface runs off the event loop (an MCP tool's
+    service call, a key check, a waiter's read) goes through here: nothing else
+    returns such a connection. Issue 19: the MCP key check ran on a bare worker
+    thread, and each of anyio's 40 threads kept the pooled connection it drew, for
+    good: 40 bad keys emptied the API's pool (every REST call a 503 until restart),
+    and left the standalone server with 38 idle PostgreSQL connections.
+    """
+
+    def run() -> _T:
+        try:
+            return fn(*args)
+        finally:
+            # Between reads a waiter holds no connection (module docstring); worker
+            # threads come and go, and a connection left on one would outlive it
+            # unclosed (a pooled one would never be lent again). Closing returns a
+            # pooled connection to the pool; one connection per call is cheap.
+            connections.close_all()
+
+    return await anyio.to_thread.run_sync(run)

@@ -32,6 +32,7 @@ from effect_broker.adapters.simulated_adapter import (
     SimulatedTarget,
 )
 from effect_broker.domain.records import EffectRequest
+from effect_broker.domain.waits import MAX_WAIT_SECONDS
 from effect_broker.services import runtime
 from effect_broker.services.dispatch import dispatch
 from effect_broker.services.operators import create_token
@@ -208,6 +209,31 @@ def _prepare(case: Any, effect_id: str | None, tool: str | None) -> None:
                 item["tool"] = tool
 
 
+#: What a generated long-poll waits at most here (``GET /v1/effects/{id}/wait``).
+POLL_SECONDS = 0.05
+
+
+def _bound_the_wait(case: Any) -> None:
+    """A long-poll's ``timeout`` cut to ``POLL_SECONDS`` where it is valid (0 to
+    25 s) or left out (25 s by default): the effects waiting for an operator never
+    settle here, and 150 cases each waiting up to 25 s would take the run's time. A
+    shorter valid timeout keeps a valid case valid and an invalid one invalid (an
+    invalid value is left as generated)."""
+    if not case.operation.path.endswith("/wait"):
+        return
+    if case.query is None:
+        case.query = {}
+    if not isinstance(case.query, dict):
+        return
+    timeout = case.query.get("timeout", MAX_WAIT_SECONDS)
+    if (
+        isinstance(timeout, int | float)
+        and not isinstance(timeout, bool)
+        and 0 <= timeout <= MAX_WAIT_SECONDS
+    ):
+        case.query["timeout"] = min(timeout, POLL_SECONDS)
+
+
 def _fuzz(
     operation: Any, mode: GenerationMode, state: Ledger, base: str, session: Any
 ) -> None:
@@ -233,6 +259,7 @@ def _fuzz(
             # A negative case stays as generated: a real id or tool in place of the
             # part made invalid would make it a valid request.
             _prepare(case, effect_id, tool)
+        _bound_the_wait(case)
         if _credentials(operation.path, state) is not None:
             # The credentials are the caller's own, not generated. schemathesis infers
             # that only for an operation without header parameters of its own; POST

@@ -17,14 +17,17 @@ from effect_broker.adapters.simulated_adapter import Fault
 from effect_broker.client import (
     NO_RETRY,
     BrokerClient,
+    EffectFailed,
     EffectNotFound,
     InProcessClient,
     OutcomeUnknown,
     PayloadConflict,
     Unauthenticated,
 )
+from effect_broker.client.waiting import POLL_OPERATOR
 from effect_broker.domain.states import SafetyClass
 from effect_broker.models import EffectIntent
+from effect_broker.services import resolution
 from effect_broker.services.dispatch import dispatch
 from effect_broker.services.tenants import create_tenant
 from tests.integration.engine.harness import TOOLS, Bench
@@ -124,6 +127,63 @@ def test_an_unknown_outcome_reaches_the_caller_as_one(bench: Bench) -> None:
     assert not NEW_KEY_ADVICE.search(str(error.value))
     # and the target did apply it once: "unknown" was the honest answer
     assert bench.target_rows(client_record(error.value.effect.effect_id)) == 1
+
+
+@pytest.mark.parametrize(
+    ("verdict", "evidence"),
+    [
+        ("succeeded", {"source": "target dashboard", "reference": "row 1"}),
+        ("failed", None),
+    ],
+)
+def test_waiting_until_settled_waits_for_the_operators_resolution(
+    bench: Bench, operator: Any, verdict: str, evidence: dict[str, str] | None
+) -> None:
+    # Given an unsafe target that commits and loses its answer, and an operator who
+    # resolves the unknown outcome while the caller waits (on the third pause)
+    bench.targets[SafetyClass.UNSAFE].inject(Fault.LOSE_RESPONSE)
+    pauses: list[float] = []
+    run_worker = worker_between_polls(bench)
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        run_worker(seconds)
+        if len(pauses) == 3:
+            (record,) = EffectIntent.objects.filter(operation_key="order-5:refund:v1")
+            assert record.status == "outcome_unknown"
+            resolution.resolve(
+                bench.tenant,
+                str(record.id),
+                verdict,
+                operator=operator,
+                reason="checked the target",
+                evidence=evidence,
+            )
+
+    client = InProcessClient(bench.tenant, sleep=sleep)
+
+    def perform() -> dict[str, Any]:
+        return client.perform(
+            "order-5:refund:v1",
+            tool=UNSAFE,
+            arguments={"amount_minor": 100, "ref": "order-5"},
+            on_unknown="wait",
+            timeout=60,
+        )
+
+    # When the caller performs it, waiting for an operator rather than failing
+    if verdict == "succeeded":
+        # Then it returns the resolution's result
+        assert perform() == evidence
+    else:
+        # Then it raises the final failure (an operator's decision, not a proof)
+        with pytest.raises(EffectFailed, match="nothing proved"):
+            perform()
+    # having read the ledger every POLL_OPERATOR seconds while a person decided (less
+    # the time each read took)
+    assert pauses[1:] == pytest.approx([POLL_OPERATOR] * 2, abs=1.0)
+    record = EffectIntent.objects.get(operation_key="order-5:refund:v1")
+    assert bench.target_rows(client_record(str(record.id))) == 1
 
 
 def test_reads_are_tenant_scoped_and_keys_authenticate(

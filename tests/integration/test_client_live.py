@@ -3,11 +3,19 @@
 test database. Submit -> wait -> receipt, replay, payload conflict, an unknown outcome
 reaching the caller as one, and a proxy's 503 that the client rides out - including
 the 503 that arrives after the broker committed, where only the operation key makes
-the resend safe."""
+the resend safe.
+
+Waiting for a person (issue 23, item 3): ``wait(until="settled")`` and
+``perform(on_unknown="wait")`` over the long-poll ``GET /v1/effects/{id}/wait``, while
+an operator resolves the effect with ``effect-broker effects resolve`` (a real CLI
+process). The server runs with a pool of two connections and two request slots, so a
+long-poll that held either would starve the next request."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import re
 import socket
 import subprocess
@@ -15,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,20 +38,29 @@ from config.database import url_from_settings
 from effect_broker.client import (
     AsyncBrokerClient,
     BrokerClient,
+    Effect,
+    EffectFailed,
     OutcomeUnknown,
     PayloadConflict,
     RetryPolicy,
+    WaitTimeout,
 )
+from effect_broker.domain.waits import MAX_WAIT_SECONDS
 from effect_broker.models import EffectIntent
+from effect_broker.services import resolution
+from effect_broker.services.inspection import tenant_of
 from effect_broker.services.tenants import create_tenant
 from examples.crash_matrix.contracts import TOOLS, write_contracts
 from examples.crash_matrix.target_client import TargetProcess, start_target
 from examples.crash_matrix.workers import ROOT, WorkerProcess, broker_env
+from tests.integration.conftest import make_operator
 from tests.job_tables import forget_old_jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ARGS = {"order": "42", "amount_minor": 1999, "currency": "EUR"}
+#: The served API's pool size (and so its in-flight limit).
+POOL = 2
 NEW_KEY_ADVICE = re.compile(
     r"(new|different|fresh|another)\s+(operation[ _])?key", re.IGNORECASE
 )
@@ -63,6 +80,7 @@ class LiveBroker:
     target: TargetProcess
     server: subprocess.Popen[bytes]
     worker: WorkerProcess
+    env: dict[str, str]
 
     def client(self, api_key: str, base_url: str | None = None, **options: Any):
         return BrokerClient(base_url or self.url, api_key, **options)
@@ -77,7 +95,17 @@ def live(django_db_setup: None, django_db_blocker: Any) -> Iterator[LiveBroker]:
     workdir = tempfile.TemporaryDirectory(prefix="eb-sdk-live-")
     target = start_target(database_url, settlement_delay="500ms", schema="sdk_target")
     contracts = write_contracts(Path(workdir.name) / "contracts.toml", target.url)
-    env = broker_env(database_url, contracts, settings.EFFECT_BROKER_MASTER_KEY)
+    env = broker_env(
+        database_url,
+        contracts,
+        settings.EFFECT_BROKER_MASTER_KEY,
+        # Two connections, so two request slots: the long-poll tests show that a
+        # waiting request holds neither (issue 23).
+        extra={
+            "EFFECT_BROKER_API_DB_POOL_MAX_SIZE": str(POOL),
+            "EFFECT_BROKER_API_DB_POOL_MIN_SIZE": "1",
+        },
+    )
     port = free_port()
     log = (Path(workdir.name) / "uvicorn.log").open("wb")
     server = subprocess.Popen(
@@ -115,7 +143,7 @@ def live(django_db_setup: None, django_db_blocker: Any) -> Iterator[LiveBroker]:
                 tail = (Path(workdir.name) / "uvicorn.log").read_text(errors="replace")
                 raise RuntimeError(f"uvicorn did not start:\n{tail[-2000:]}")
             time.sleep(0.1)
-        yield LiveBroker(url, target, server, worker)
+        yield LiveBroker(url, target, server, worker, env)
     finally:
         worker.stop()
         server.terminate()
@@ -356,3 +384,286 @@ def test_a_client_written_only_from_the_idempotency_key_draft(live, api_key) -> 
     with live.client(api_key) as broker:
         broker.wait(first.json()["effect_id"], timeout=30)
     assert live.target.count_charges(mode="idempotent") == 1
+
+
+# --- waiting for a person: until="settled" over the long-poll (issue 23, item 3) ------
+
+EVIDENCE = {"source": "the target's charges table", "reference": "row for order 42"}
+
+
+def unknown_effect(broker: BrokerClient, live: LiveBroker, key: str) -> Effect:
+    """An unsafe charge the target committed and whose answer it dropped: the broker
+    cannot know, so the effect waits in outcome_unknown for an operator."""
+    live.target.inject("drop_connection_after_commit")
+    submitted = broker.submit(key, TOOLS["unsafe"], ARGS)
+    with pytest.raises(OutcomeUnknown) as unknown:
+        broker.wait(submitted.effect_id, timeout=30)
+    assert unknown.value.needs_operator is True
+    return unknown.value.effect
+
+
+def resolve_from_cli(live: LiveBroker, effect_id: str, *verdict: str) -> str:
+    """``effect-broker effects resolve`` as an operator runs it, in its own process."""
+    make_operator("olga")
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "effect_broker.cli", "effects", "resolve"),
+            *(effect_id, *verdict, "--as", "olga"),
+        ],
+        cwd=ROOT,
+        env=live.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def status_of(key: str) -> str | None:
+    """The status of the effect ``key`` names, None before it is reserved."""
+    return (
+        EffectIntent.objects.filter(operation_key=key)
+        .values_list("status", flat=True)
+        .first()
+    )
+
+
+def until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+class Waiter(threading.Thread):
+    """Runs one blocking SDK call, keeping what it returned or raised."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self.call = call
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.returned_at = 0.0
+
+    def run(self) -> None:
+        try:
+            self.result = self.call()
+        except BaseException as exc:
+            self.error = exc
+        self.returned_at = time.monotonic()
+
+
+def counted_client(live: LiveBroker, api_key: str, paths: list[str]) -> BrokerClient:
+    """A client whose every request's path is appended to ``paths``."""
+    http = httpx.Client(
+        base_url=live.url,
+        trust_env=False,
+        timeout=10.0,
+        event_hooks={"request": [lambda request: paths.append(request.url.path)]},
+    )
+    return BrokerClient(live.url, api_key, http_client=http)
+
+
+def test_perform_waits_for_the_operator_who_resolves_it_from_the_cli(
+    live, api_key
+) -> None:
+    # Given an unsafe charge whose answer was lost after the target committed it,
+    # performed by a workflow step that would rather wait for a person than fail
+    live.target.inject("drop_connection_after_commit")
+    paths: list[str] = []
+    key = "order:46:charge:v1"
+    with counted_client(live, api_key, paths) as broker:
+        waiter = Waiter(
+            lambda: broker.perform(
+                key,
+                tool=TOOLS["unsafe"],
+                arguments=ARGS,
+                on_unknown="wait",
+                timeout=120,
+            )
+        )
+        started = time.monotonic()
+        waiter.start()
+        until(lambda: status_of(key) == "outcome_unknown", "the unknown outcome")
+        # the call does not raise OutcomeUnknown: it keeps waiting for the operator
+        waiter.join(1.0)
+        assert waiter.is_alive()
+        # When an operator who checked the target resolves it from the CLI
+        effect_id = str(EffectIntent.objects.get(operation_key=key).id)
+        said = resolve_from_cli(
+            live,
+            effect_id,
+            "--succeeded",
+            "--reason",
+            "charge found in the target's table",
+            "--evidence",
+            json.dumps(EVIDENCE),
+        )
+        resolved_at = time.monotonic()
+        waiter.join(60)
+    # Then the call returns the resolution's result, and the target charged once
+    assert "outcome_unknown -> succeeded" in said
+    assert waiter.error is None, waiter.error
+    assert waiter.result == EVIDENCE
+    assert live.target.count_charges(mode="unsafe") == 1
+    # Woken by the change, not found by reading every second: long-polls only (one
+    # per MAX_WAIT_SECONDS at most), then the receipt
+    waits = [p for p in paths if p.endswith("/wait")]
+    waited = waiter.returned_at - started
+    assert 1 <= len(waits) <= math.ceil(waited / MAX_WAIT_SECONDS) + 1, paths
+    assert waiter.returned_at - resolved_at < MAX_WAIT_SECONDS / 2
+    assert [p for p in paths if p not in waits] == [
+        "/v1/effects",
+        f"/v1/effects/{effect_id}/receipt",
+    ]
+    print(
+        f"\n{len(waits)} long-poll(s) over {waited:.1f}s; answered "
+        f"{waiter.returned_at - resolved_at:.2f}s after the CLI exited"
+    )
+
+
+def test_an_operators_failed_verdict_ends_the_wait_with_the_final_failure(
+    live, api_key
+) -> None:
+    with live.client(api_key) as broker:
+        effect = unknown_effect(broker, live, "order:47:charge:v1")
+        waiter = Waiter(
+            lambda: broker.wait(effect.effect_id, timeout=120, until="settled")
+        )
+        waiter.start()
+        waiter.join(1.0)
+        assert waiter.is_alive()
+        # (the operator's service, as the CLI above calls it: one CLI start is enough)
+        resolution.resolve(
+            tenant_of(effect.effect_id),
+            effect.effect_id,
+            "failed",
+            operator=make_operator("olga"),
+            reason="customer cancelled",
+        )
+        waiter.join(60)
+        assert not waiter.is_alive()
+        assert waiter.error is None, waiter.error
+        # wait() returns the settled effect; perform() raises its final failure
+        assert waiter.result.status == "failed_final"
+        with pytest.raises(EffectFailed) as failed:
+            broker.perform(
+                "order:47:charge:v1",
+                tool=TOOLS["unsafe"],
+                arguments=ARGS,
+                on_unknown="wait",
+            )
+    # and says what is known: an operator's decision, not proof that nothing happened
+    assert failed.value.effect.effect_id == effect.effect_id
+    assert "nothing proved that it did not take effect" in str(failed.value)
+    assert live.target.count_charges(mode="unsafe") == 1
+
+
+def test_a_settled_wait_that_runs_out_is_still_unknown_or_still_running(
+    live, api_key
+) -> None:
+    with live.client(api_key) as broker:
+        # An operator's effect nobody resolves: OutcomeUnknown, and it stays unknown
+        effect = unknown_effect(broker, live, "order:48:charge:v1")
+        started = time.monotonic()
+        with pytest.raises(OutcomeUnknown) as unknown:
+            broker.wait(effect.effect_id, timeout=1.5, until="settled")
+        assert time.monotonic() - started >= 1.5
+        assert unknown.value.needs_operator is True
+        assert "No operator had after 1.5s" in str(unknown.value)
+        assert broker.get(effect.effect_id).status == "outcome_unknown"
+        # An effect still in flight (the target holds its answer): WaitTimeout
+        live.target.inject("slow_after_commit", seconds=3)
+        slow = broker.submit("order:49:charge:v1", TOOLS["idempotent"], ARGS)
+        with pytest.raises(WaitTimeout) as running:
+            broker.wait(slow.effect_id, timeout=1.0, until="settled")
+        assert running.value.effect.status in {"prepared", "dispatching"}
+        assert broker.wait(slow.effect_id, timeout=30, until="settled").settled
+
+
+def test_long_polls_hold_no_connection_nor_slot_and_wake_on_the_resolution(
+    live, api_key
+) -> None:
+    # Given an effect waiting for an operator, and twice as many long-polls on it as
+    # the server has connections and request slots
+    with live.client(api_key) as broker:
+        effect = unknown_effect(broker, live, "order:50:charge:v1")
+    headers = {"Authorization": f"Bearer {api_key}"}
+    path = f"/v1/effects/{effect.effect_id}/wait"
+    query = {"timeout": str(MAX_WAIT_SECONDS), "until": "settled"}
+
+    def poll() -> httpx.Response:
+        return httpx.get(
+            live.url + path, params=query, headers=headers, trust_env=False, timeout=60
+        )
+
+    polls = [Waiter(poll) for _ in range(2 * POOL)]
+    for waiter in polls:
+        waiter.start()
+    time.sleep(1.0)  # every poll is in, and waiting
+    # When other requests arrive meanwhile, they are answered at once: no poll holds
+    # a pooled connection or one of the in-flight slots
+    started = time.monotonic()
+    with live.client(api_key, retry=RetryPolicy(attempts=1)) as other:
+        assert other.get(effect.effect_id).status == "outcome_unknown"
+        assert other.submit("order:51:charge:v1", TOOLS["idempotent"], ARGS).created
+    served_in = time.monotonic() - started
+    assert all(waiter.is_alive() for waiter in polls)
+    # And when the operator resolves the effect, every poll answers with it, woken by
+    # the change long before its 25 s were up
+    resolution.resolve(
+        tenant_of(effect.effect_id),
+        effect.effect_id,
+        "succeeded",
+        operator=make_operator("olga"),
+        reason="charge found",
+        evidence=EVIDENCE,
+    )
+    resolved_at = time.monotonic()
+    for waiter in polls:
+        waiter.join(60)
+    answers = [waiter.result for waiter in polls]
+    assert [a.status_code for a in answers] == [200] * len(polls), answers
+    assert {a.json()["status"] for a in answers} == {"succeeded"}
+    woken_in = max(waiter.returned_at for waiter in polls) - resolved_at
+    assert woken_in < MAX_WAIT_SECONDS / 2
+    print(f"\nother requests served in {served_in:.2f}s; polls woken in {woken_in:.2f}s")
+
+
+def test_the_long_poll_is_tenant_scoped_and_bounded(live, api_key) -> None:
+    with live.client(api_key) as broker:
+        done = broker.submit("order:52:charge:v1", TOOLS["idempotent"], ARGS)
+        broker.wait(done.effect_id, timeout=30)
+    path = f"{live.url}/v1/effects/{done.effect_id}/wait"
+    mine = {"Authorization": f"Bearer {api_key}"}
+    theirs = {"Authorization": f"Bearer {create_tenant('sdk-live-other')[1]}"}
+
+    def get(headers: dict[str, str], **query: str) -> httpx.Response:
+        return httpx.get(path, params=query, headers=headers, trust_env=False, timeout=60)
+
+    started = time.monotonic()
+    settled = get(mine, timeout=str(MAX_WAIT_SECONDS))
+    # A settled effect is answered at once, as GET /v1/effects/{id} answers it
+    assert time.monotonic() - started < MAX_WAIT_SECONDS / 2
+    assert settled.status_code == 200
+    plain = httpx.get(
+        f"{live.url}/v1/effects/{done.effect_id}", headers=mine, trust_env=False
+    )
+    assert settled.json() == plain.json()
+    # Another tenant's key sees no such effect; no key is a 401
+    assert (get(theirs).status_code, get(theirs).json()["code"]) == (
+        404,
+        "effect_not_found",
+    )
+    assert get({}).status_code == 401
+    # Longer than the cap, negative, not a number, an unknown until: 422, at once
+    for query in (
+        {"timeout": str(MAX_WAIT_SECONDS + 1)},
+        {"timeout": "-1"},
+        {"timeout": "nan"},
+        {"until": "resolved"},
+    ):
+        refused = get(mine, **query)
+        assert (refused.status_code, refused.json()["code"]) == (422, "invalid_request")

@@ -219,6 +219,35 @@ def test_healthz_static_files_and_websockets_are_not_limited() -> None:
     run(scenario)
 
 
+def test_the_effect_long_poll_is_not_limited_and_nothing_else_under_effects() -> None:
+    # A long-poll waits up to 25 s holding no connection (issue 23): a slot held that
+    # long per waiting agent would starve every other route
+    async def scenario() -> None:
+        app = FakeApp()
+        limit = InFlightLimit(app, max_in_flight=1, max_queued=0, queue_timeout=0)
+        _, busy = request(limit)
+        poll, poll_task = request(limit, "/v1/effects/0b6f3c1e/wait")
+        refused = [
+            request(limit, path)
+            for path in (
+                "/v1/effects/0b6f3c1e",
+                "/v1/effects/0b6f3c1e/history",
+                "/v1/effects/0b6f3c1e/wait/more",
+                "/v1/effects/a/b/wait",
+            )
+        ]
+        await asyncio.gather(*(task for _, task in refused))
+        for response, _ in refused:
+            assert_overloaded(response)
+        await settle()
+        assert app.started == ["/v1/effects", "/v1/effects/0b6f3c1e/wait"]
+        app.release.set()
+        await asyncio.gather(busy, poll_task)
+        assert poll.status == 200
+
+    run(scenario)
+
+
 def test_lifespan_is_answered_and_runs_the_shutdown_hook() -> None:
     async def scenario() -> None:
         closed: list[bool] = []

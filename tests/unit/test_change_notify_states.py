@@ -1,26 +1,43 @@
 """Migration 0014 notifies only changes into the states listed there: every state in
-which a waiter (``services.awaiting``) may stop waiting must be among them."""
+which a waiter (``services.awaiting``) may stop waiting must be among them - for either
+way to wait (``domain.waits.Until``: the MCP proxy's and the default long-poll's
+``answer``, and ``settled``, which waits through an operator's decision)."""
 
 from __future__ import annotations
 
 import importlib
 from types import SimpleNamespace
 
+import pytest
+
 from effect_broker.domain.states import EffectStatus, SafetyClass
-from effect_broker.services.awaiting import settled_for_caller
+from effect_broker.domain.waits import Until
+from effect_broker.services.awaiting import settled_for_caller, stops_waiting
 
 migration = importlib.import_module(
     "effect_broker.migrations.0014_notify_settling_changes_only"
 )
 
 
-def test_every_state_a_waiter_stops_in_is_notified() -> None:
-    stops = {
+def _stops(rule) -> set[str]:
+    return {
         status.value
         for status in EffectStatus
         for safety in SafetyClass
-        if settled_for_caller(SimpleNamespace(status=status, safety=safety))  # type: ignore[arg-type]
+        if rule(SimpleNamespace(status=status, safety=safety))
     }
+
+
+@pytest.mark.parametrize("until", list(Until))
+def test_every_state_a_waiter_stops_in_is_notified(until: Until) -> None:
+    stops = _stops(lambda record: stops_waiting(until, record))
     assert stops <= set(migration.SETTLING_STATUSES)
     # and nothing the worker passes through on every effect
     assert not {"prepared", "dispatching", "retryable"} & set(migration.SETTLING_STATUSES)
+
+
+def test_the_two_ways_to_wait_differ_only_where_an_operator_must_decide() -> None:
+    answer = _stops(settled_for_caller)
+    settled = _stops(lambda record: stops_waiting(Until.SETTLED, record))
+    assert settled == {"succeeded", "failed_final", "compensated"}
+    assert answer - settled == {"outcome_unknown", "manual_review"}

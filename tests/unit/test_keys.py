@@ -14,9 +14,11 @@ Runtime tests run the real runtime where it installs (``pip install
 - DBOS: ``DBOS.step_id`` is "a unique identifier of the current step within the
   workflow" and a retried step keeps it; a workflow re-run under its id replays
   (https://docs.dbos.dev/python/reference/contexts, .../tutorials/step-tutorial).
-- LangGraph: a node's ``config["metadata"]`` carries ``langgraph_node`` and
-  ``langgraph_step``; a RetryPolicy retry and a resume from the checkpoint re-run the
-  node at the same step (https://docs.langchain.com/oss/python/langgraph/durable-execution).
+- LangGraph: the thread id is the caller's; a node's ``config["metadata"]`` carries
+  ``langgraph_step``, which a RetryPolicy retry and a plain resume keep but an
+  ``update_state`` before the resume moves (it writes a checkpoint;
+  https://docs.langchain.com/oss/python/langgraph/durable-execution), so the key comes
+  from the graph's state instead, checkpointed before the node runs.
 - Agent loop: no package; the tool-call id is written by the model into its answer
   and the tool result refers back to it (OpenAI ``tool_calls[].id`` /
   ``tool_call_id``), so a loop resuming from the stored answer sees the same id.
@@ -49,7 +51,7 @@ def test_each_helper_builds_a_readable_prefixed_key() -> None:
     assert temporal_key("order-42", "1") == "temporal:order-42:1"
     assert celery_key("6f1c-aa") == "celery:6f1c-aa"
     assert dbos_key("order-42", 3) == "dbos:order-42:3"
-    assert langgraph_key("th-1", "charge", 2) == "langgraph:th-1::charge:2"
+    assert langgraph_key("th-1", "order-42-charge") == "langgraph:th-1:order-42-charge"
     assert agent_key("run-9", "call_abc") == "agent:run-9:call_abc"
     assert business_key("order", 42, "charge") == "order:42:charge:v1"
     assert business_key("order", 42, "charge", version=2) == "order:42:charge:v2"
@@ -85,7 +87,7 @@ def test_every_key_is_one_the_broker_accepts(a: str, b: str, n: int) -> None:
         temporal_key(a, b),
         celery_key(a),
         dbos_key(a, n),
-        langgraph_key(a, b, n, checkpoint_ns=b),
+        langgraph_key(a, b, action=f"{n}"),
         agent_key(a, b, action=b),
         business_key(f"x{a}", n, b),
     ):
@@ -123,7 +125,7 @@ def test_the_shortening_bound_did_not_move_with_the_brokers_key_limit() -> None:
         (lambda: dbos_key("wf", -1), "negative"),
         (lambda: dbos_key("wf", True), "not a bool"),
         (lambda: dbos_key("wf", 1.5), "not float"),
-        (lambda: langgraph_key("th", "node", "2"), None),
+        (lambda: langgraph_key("th", ""), "operation is empty"),
         (lambda: agent_key("run", None), "tool_call_id must be a string"),
         (lambda: business_key(), "at least one part"),
         (lambda: business_key("order", 42, version=0), "version"),
@@ -132,11 +134,26 @@ def test_the_shortening_bound_did_not_move_with_the_brokers_key_limit() -> None:
     ],
 )
 def test_unusable_parts_are_refused_with_a_clear_error(build, message) -> None:
-    if message is None:  # a numeric string is a fine step: it is the same identity
-        assert build() == "langgraph:th::node:2"
-        return
     with pytest.raises(KeyPartError, match=message):
         build()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: langgraph_key("th", "charge", 2),
+        lambda: langgraph_key("th", "charge", 2, checkpoint_ns="sub:1"),
+        lambda: langgraph_key("th", "charge", checkpoint_ns="sub:1"),
+    ],
+    ids=["node-and-step", "with-namespace", "namespace-alone"],
+)
+def test_the_old_position_based_langgraph_call_is_a_type_error_not_another_key(
+    call,
+) -> None:
+    # Issue 23: node + step can move after recovery; the old call must not quietly
+    # build some other key for an operation already keyed the old way
+    with pytest.raises(TypeError, match=r"business\s+operation from the graph's state"):
+        call()
 
 
 # --- Temporal ---------------------------------------------------------------------------
@@ -201,63 +218,61 @@ def test_celery_key_is_the_same_across_retry() -> None:
 # --- LangGraph --------------------------------------------------------------------------
 
 
-def test_langgraph_key_is_the_same_across_node_retries_and_resume() -> None:
+def test_langgraph_key_from_state_survives_a_moved_checkpoint_position() -> None:
     graph_api = pytest.importorskip("langgraph.graph")
     memory = pytest.importorskip("langgraph.checkpoint.memory")
     types = pytest.importorskip("langgraph.types")
     RunnableConfig = pytest.importorskip("langchain_core.runnables").RunnableConfig
-    seen: list[tuple[str, str]] = []
-    faults = {"transient": 1, "crash": True}
+    seen: list[tuple[int, str]] = []  # (the node's step, the key it used)
+    faults = {"transient": 1, "crashes": 2}
 
-    def key_of(config: dict[str, Any]) -> str:
-        meta = config["metadata"]
-        return langgraph_key(
-            config["configurable"]["thread_id"],
-            meta["langgraph_node"],
-            meta["langgraph_step"],
-            checkpoint_ns=meta.get("checkpoint_ns", ""),
-        )
+    def plan(state: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        # The node that decides on the charge writes its key into the state, which
+        # LangGraph checkpoints before the next node runs
+        thread = config["configurable"]["thread_id"]
+        return {"charge_key": langgraph_key(thread, f"order:{state['order']}:charge")}
 
-    def charge(state: dict[str, int], config: RunnableConfig) -> dict[str, int]:
-        seen.append(("charge", key_of(config)))
+    def charge(state: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        seen.append((config["metadata"]["langgraph_step"], state["charge_key"]))
         if faults["transient"]:
             faults["transient"] -= 1
             raise ValueError("timeout")  # retried by the node's RetryPolicy
-        return {"v": state["v"] + 1}
-
-    def notify(state: dict[str, int], config: RunnableConfig) -> dict[str, int]:
-        seen.append(("notify", key_of(config)))
-        if faults["crash"]:
-            faults["crash"] = False
+        if faults["crashes"]:
+            faults["crashes"] -= 1
             raise RuntimeError("process died")  # the graph run fails here
-        return {"v": state["v"] + 10}
+        return {"charged": True}
 
     from typing import TypedDict
 
-    class State(TypedDict):
-        v: int
+    class State(TypedDict, total=False):
+        order: str
+        charge_key: str
+        note: str
+        charged: bool
 
     builder = graph_api.StateGraph(State)
     retry = types.RetryPolicy(
         max_attempts=3, initial_interval=0.01, jitter=False, retry_on=ValueError
     )
+    builder.add_node("plan", plan)
     builder.add_node("charge", charge, retry_policy=retry)
-    builder.add_node("notify", notify)
-    builder.add_edge(graph_api.START, "charge")
-    builder.add_edge("charge", "notify")
-    builder.add_edge("notify", graph_api.END)
+    builder.add_edge(graph_api.START, "plan")
+    builder.add_edge("plan", "charge")
+    builder.add_edge("charge", graph_api.END)
     graph = builder.compile(checkpointer=memory.InMemorySaver())
     config = {"configurable": {"thread_id": "thread-7"}}
+    # A retried attempt, then a crash
     with pytest.raises(RuntimeError, match="process died"):
-        graph.invoke({"v": 0}, config)
-    # Resume from the checkpoint: the failed node runs again, charge does not.
-    assert graph.invoke(None, config) == {"v": 11}
-    assert seen == [
-        ("charge", "langgraph:thread-7::charge:1"),
-        ("charge", "langgraph:thread-7::charge:1"),
-        ("notify", "langgraph:thread-7::notify:2"),
-        ("notify", "langgraph:thread-7::notify:2"),
-    ]
+        graph.invoke({"order": "42"}, config)
+    # A plain resume from the checkpoint: the node runs again, crashes again
+    with pytest.raises(RuntimeError, match="process died"):
+        graph.invoke(None, config)
+    # A person repairs the state and resumes: the node runs at a later step
+    graph.update_state(config, {"note": "address fixed"})
+    assert graph.invoke(None, config)["charged"] is True
+    steps = [step for step, _ in seen]
+    assert steps == [2, 2, 2, 3]  # a key from node + step would have changed here
+    assert {key for _, key in seen} == {"langgraph:thread-7:order%3A42%3Acharge"}
 
 
 # --- an agent loop ----------------------------------------------------------------------

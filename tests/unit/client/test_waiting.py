@@ -291,3 +291,137 @@ def test_perform_in_the_old_order_is_a_type_error_that_shows_the_new_call(clock)
     with pytest.raises(TypeError, match="by keyword"):
         broker.perform("k:1")  # type: ignore[call-arg]
     assert broker.submitted == []  # nothing was submitted
+
+
+# --- until="settled" and on_unknown="wait": waiting for a person (issue 23, item 3) -----
+
+
+@pytest.mark.parametrize("status", ["outcome_unknown", "manual_review"])
+def test_waiting_until_settled_rides_out_an_operator_decision(clock, status) -> None:
+    # Given an effect only an operator can settle, resolved on the fourth read
+    broker = FakeBroker(clock, ["dispatching", status, status, "succeeded"], "unsafe")
+    # When the caller waits until it is settled, Then it returns the settled effect
+    assert broker.wait("e", timeout=60, until="settled").status == "succeeded"
+    assert broker.reads == 4
+    # and, without a long-poll, reads every POLL_OPERATOR seconds while a person decides
+    operator = waiting.POLL_OPERATOR
+    assert clock.sleeps == pytest.approx([0.05, operator, operator])
+
+
+def test_the_default_wait_still_raises_at_once_for_an_operator(clock) -> None:
+    broker = FakeBroker(clock, ["outcome_unknown", "succeeded"], safety="unsafe")
+    with pytest.raises(OutcomeUnknown):
+        broker.wait("e", timeout=60)
+    with pytest.raises(OutcomeUnknown):
+        FakeBroker(clock, ["outcome_unknown"], "unsafe").wait("e", 60, until="answer")
+    assert broker.reads == 1
+
+
+def test_an_operator_failure_ends_a_settled_wait_as_the_final_failure(clock) -> None:
+    # The operator resolved the unknown outcome as failed: a final state, no proof
+    broker = FakeBroker(clock, ["outcome_unknown", "failed_final"], safety="unsafe")
+    with pytest.raises(EffectFailed) as error:
+        broker.perform("k:1", tool="charge_card", arguments={"a": 1}, on_unknown="wait")
+    assert error.value.effect.status == "failed_final"
+    assert broker.reads == 2
+
+
+def test_perform_on_unknown_wait_returns_the_result_once_resolved(clock) -> None:
+    broker = FakeBroker(clock, ["outcome_unknown", "succeeded"], safety="unsafe")
+    result = broker.perform(
+        "k:1", tool="charge_card", arguments={"a": 1}, on_unknown="wait", timeout=60
+    )
+    assert result == {"charge_id": "ch_1"}
+
+
+@pytest.mark.parametrize("status", ["outcome_unknown", "manual_review"])
+def test_a_settled_wait_that_runs_out_before_the_operator_is_still_unknown(
+    clock, status
+) -> None:
+    # Never a result and never a failure: nobody knows yet
+    broker = FakeBroker(clock, [status], safety="unsafe")
+    with pytest.raises(OutcomeUnknown) as error:
+        broker.wait("e", timeout=12, until="settled")
+    assert error.value.needs_operator is True
+    assert error.value.effect.status == status
+    assert "No operator had after 12s" in str(error.value)
+    assert not _NEW_KEY_ADVICE.search(str(error.value))
+    assert clock.now == pytest.approx(12)
+
+
+def test_a_settled_wait_that_runs_out_while_in_progress_is_a_wait_timeout(clock) -> None:
+    broker = FakeBroker(clock, ["dispatching"])
+    with pytest.raises(WaitTimeout):
+        broker.wait("e", timeout=0.5, until="settled")
+
+
+def test_a_state_that_is_neither_final_nor_an_operators_keeps_every_wait_going(
+    clock,
+) -> None:
+    # A state a later release adds (issue 24's approval) or one of today's in-progress
+    # states: neither kind of wait ends there, and running out is a WaitTimeout
+    pending = "awaiting_approval"
+    for until in ("answer", "settled"):
+        broker = FakeBroker(clock, [pending, pending, "succeeded"])
+        assert broker.wait("e", timeout=60, until=until).status == "succeeded"
+        with pytest.raises(WaitTimeout):
+            FakeBroker(clock, [pending]).wait("e", 1, until=until)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda b: b.wait("e", until="resolved"), ValueError, "'answer'"),
+        (lambda b: b.wait("e", until=True), TypeError, "until must be"),
+        (
+            lambda b: b.perform("k", tool="t", arguments={}, on_unknown="ignore"),
+            ValueError,
+            "on_unknown must be 'raise'",
+        ),
+        (
+            lambda b: b.perform("k", tool="t", arguments={}, on_unknown=None),
+            TypeError,
+            "on_unknown must be",
+        ),
+        (
+            lambda b: b.effect(tool="t", key=lambda **_: "k", on_unknown="later")(
+                lambda x: None
+            ),
+            ValueError,
+            "on_unknown must be",
+        ),
+    ],
+    ids=["until-value", "until-type", "on-unknown-value", "on-unknown-type", "decorator"],
+)
+def test_an_unknown_way_to_wait_is_refused_before_anything_is_sent(
+    clock, call, error, message
+) -> None:
+    broker = FakeBroker(clock, ["succeeded"])
+    with pytest.raises(error, match=message):
+        call(broker)
+    assert (broker.submitted, broker.reads) == ([], 0)
+
+
+def test_the_async_wait_and_perform_wait_for_the_operator_too(clock) -> None:
+    fake = FakeBroker(clock, ["manual_review", "succeeded"], safety="unsafe")
+    broker = AsyncFakeBroker(fake, clock)
+    assert asyncio.run(broker.wait("e", timeout=60, until="settled")).settled
+    fake.reads = 0
+    assert asyncio.run(
+        broker.perform("k:1", tool="t", arguments={}, on_unknown="wait", timeout=60)
+    ) == {"charge_id": "ch_1"}
+    with pytest.raises(OutcomeUnknown):
+        asyncio.run(
+            AsyncFakeBroker(FakeBroker(clock, ["manual_review"]), clock).wait(
+                "e", timeout=60, until="answer"
+            )
+        )
+
+
+def test_the_decorator_can_wait_for_the_operator(clock) -> None:
+    broker = FakeBroker(clock, ["outcome_unknown", "succeeded"], safety="unsafe")
+
+    @broker.effect(tool="charge_card", key=lambda order: f"o:{order}", on_unknown="wait")
+    def charge(order: str) -> dict: ...
+
+    assert charge("42") == {"charge_id": "ch_1"}
