@@ -389,7 +389,7 @@ def check_pauses() -> Check:
         }
         for p in active
     )
-    held = sum(row["held_effects"] for row in rows)
+    held = pauses.held_total()  # an effect two pauses hold is counted once
     return Check(
         "pauses",
         "warn",

@@ -231,6 +231,11 @@ def holding(
     return None
 
 
+def held_total() -> int:
+    """How many effects any active pause holds now (each counted once)."""
+    return sum(int(row[4]) for row in dispatch_controls.held_by_contract())
+
+
 def held_count(pause_id: str) -> int:
     """How many effects in the pause's scope are waiting to be sent."""
     return dispatch_controls.count_held_by_pause(str(_pause_uuid(pause_id)))

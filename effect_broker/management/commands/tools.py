@@ -10,6 +10,7 @@ staff user holding ``effect_broker.resolve_effect``), recorded with the reason.
 from __future__ import annotations
 
 import argparse
+import textwrap
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
@@ -25,19 +26,23 @@ _SCOPE_HELP = (
 )
 
 
-def _add_scope(parser: CommandParser, *, verb: str) -> None:
+def _add_scope(parser: CommandParser, *, resume: bool = False) -> None:
+    of = "the paused scope's " if resume else ""
     parser.add_argument(
-        "tool",
-        nargs="?",
-        metavar="TOOL",
-        help=f"the tool to {verb} (its contracts' tool)",
+        "tool", nargs="?", metavar="TOOL", help=f"{of}tool (a contract's tool)"
     )
     parser.add_argument(
-        "--contract", metavar="NAME[@VERSION]", help=f"{verb} this contract's effects"
+        "--contract",
+        metavar="NAME[@VERSION]",
+        help=f"{of}contract: every version, or one",
     )
-    parser.add_argument(
-        "--tenant", metavar="NAME", help=f"{verb} only this tenant's effects"
-    )
+    parser.add_argument("--tenant", metavar="NAME", help=f"{of}tenant (only its effects)")
+
+
+def _wrapped(text: str) -> str:
+    """A description wrapped as argparse would (the epilogs' examples keep their
+    lines, so the parser formats raw text)."""
+    return textwrap.fill(text, width=86)
 
 
 def _add_acting_user(parser: CommandParser) -> None:
@@ -70,12 +75,14 @@ class Command(BaseCommand):
         pause = sub.add_parser(
             "pause",
             help="pause dispatch of a tool, a contract or a tenant",
-            description="Pause dispatch: every effect in the scope that has not been "
-            "sent waits (prepared or retryable, and an idempotent effect's same-key "
-            "resend after an unknown outcome) until the pause is resumed. Nothing is "
-            "failed; an attempt in flight finishes; a reconcilable effect's lookup "
-            "still runs (it only reads). Callers see the reason on the effect. "
-            + _SCOPE_HELP,
+            description=_wrapped(
+                "Pause dispatch: every effect in the scope that has not been sent "
+                "waits (prepared or retryable, and an idempotent effect's same-key "
+                "resend after an unknown outcome) until the pause is resumed. Nothing "
+                "is failed; an attempt in flight finishes; a reconcilable effect's "
+                "lookup still runs (it only reads). Callers see the reason on the "
+                "effect. " + _SCOPE_HELP
+            ),
             formatter_class=argparse.RawDescriptionHelpFormatter,
             epilog="examples:\n"
             "  effect-broker tools pause charge_card --reason 'stripe incident "
@@ -84,7 +91,7 @@ class Command(BaseCommand):
             "'bad deploy' --as alice\n"
             "  effect-broker tools pause --tenant acme --reason 'fraud review' --as bob",
         )
-        _add_scope(pause, verb="pause")
+        _add_scope(pause)
         pause.add_argument(
             "--reason",
             required=True,
@@ -95,15 +102,17 @@ class Command(BaseCommand):
         resume = sub.add_parser(
             "resume",
             help="resume a pause: the effects it held are sent",
-            description="Resume one active pause, named by --id or by its exact scope; "
-            "the effects it held are deferred for dispatch again (within the "
-            "contract's limits). " + _SCOPE_HELP,
+            description=_wrapped(
+                "Resume one active pause, named by --id or by its exact scope (as it "
+                "was paused); the effects it held are deferred for dispatch again "
+                "(within the contract's limits)."
+            ),
             formatter_class=argparse.RawDescriptionHelpFormatter,
             epilog="examples:\n"
             "  effect-broker tools resume charge_card --as alice\n"
             "  effect-broker tools resume --id 0190... --reason 'incident over' --as bob",
         )
-        _add_scope(resume, verb="resume")
+        _add_scope(resume, resume=True)
         resume.add_argument("--id", metavar="PAUSE_ID", help="the pause to resume")
         resume.add_argument(
             "--reason", default="", metavar="TEXT", help="why; recorded with the pause"
