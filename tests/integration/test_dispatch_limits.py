@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 import pytest
@@ -56,7 +57,9 @@ rate_limit = 2
 """
 
 
-def _limited(bench: Bench) -> Iterator[Bench]:
+@contextmanager
+def limited_contracts(bench: Bench) -> Iterator[Bench]:
+    """The bench, with the limited contracts deployed beside its own."""
     registry = parse_contracts(CONTRACTS + LIMITED, source="limits-bench")
     with runtime.override(registry=registry):
         bench.registry = registry
@@ -65,7 +68,8 @@ def _limited(bench: Bench) -> Iterator[Bench]:
 
 @pytest.fixture
 def limited(bench: Bench) -> Iterator[Bench]:
-    yield from _limited(bench)
+    with limited_contracts(bench) as limited:
+        yield limited
 
 
 def charge(bench: Bench, tool: str, n: int) -> EffectRecord:
@@ -177,9 +181,7 @@ def test_concurrent_claims_on_separate_connections_never_exceed_the_limit(
     transactional_db: None,
 ) -> None:
     # Given eight due effects of a contract allowing two attempts at once
-    with engine_bench() as bench:
-        yield_limited = _limited(bench)
-        limited = next(yield_limited)
+    with engine_bench() as bench, limited_contracts(bench) as limited:
         contract = limited.registry.for_tool("two_at_a_time")
         records = [charge(limited, "two_at_a_time", n) for n in range(8)]
         rt = runtime.get_runtime()
@@ -206,4 +208,3 @@ def test_concurrent_claims_on_separate_connections_never_exceed_the_limit(
         statuses = sorted(load_effect_for_worker(r.effect_id).status for r in records)
         assert statuses.count(S.DISPATCHING) == 2
         assert statuses.count(S.PREPARED) == 6
-        yield_limited.close()

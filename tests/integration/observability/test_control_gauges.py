@@ -4,16 +4,17 @@ doctor's pauses check."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from effect_broker.domain.states import SafetyClass
 from effect_broker.observability.control_collectors import ControlsCollector
-from effect_broker.services import diagnosis, pauses, runtime
+from effect_broker.services import diagnosis, pauses
 from effect_broker.services.dispatch import dispatch
 from tests.integration.engine.harness import TOOLS, Bench
-from tests.integration.test_dispatch_limits import _limited, charge
+from tests.integration.test_dispatch_limits import charge, limited_contracts
 
 IDEMPOTENT = SafetyClass.IDEMPOTENT
 
@@ -72,8 +73,9 @@ def test_a_pause_shows_in_the_gauges_and_in_doctor(bench: Bench, operator: Any) 
 
 
 @pytest.fixture
-def limited(bench: Bench):  # type: ignore[no-untyped-def]
-    yield from _limited(bench)
+def limited(bench: Bench) -> Iterator[Bench]:
+    with limited_contracts(bench) as limited:
+        yield limited
 
 
 def test_effects_over_a_limit_show_as_waiting_on_it(limited: Bench) -> None:
@@ -86,4 +88,3 @@ def test_effects_over_a_limit_show_as_waiting_on_it(limited: Bench) -> None:
     # A contract without limits is not listed; one with limits and none waiting is 0
     assert ("idempotent_charge", "t.idempotent", "1", "idempotent") not in waiting
     assert waiting[("one_at_a_time", "t.one-at-a-time", "1", "idempotent")] == 0
-    assert runtime.get_runtime().registry is limited.registry
