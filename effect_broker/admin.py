@@ -33,15 +33,23 @@ from effect_broker import admin_console as console
 from effect_broker.admin_forms import ForkForm, ReasonForm, ResolveForm
 from effect_broker.admin_ledger import ReadOnlyAdmin
 from effect_broker.admin_login import ThrottledAdminLoginForm
+from effect_broker.admin_pauses import DispatchPauseAdmin
 from effect_broker.admin_tenants import TenantAdmin
 from effect_broker.domain.errors import EffectBrokerError, OperatorForbiddenError
+from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.models import EffectFork, EffectIntent, EffectReceipt
-from effect_broker.services import argument_reads, forking, operators, resolution
+from effect_broker.services import (
+    argument_reads,
+    forking,
+    operators,
+    pauses,
+    resolution,
+)
 from effect_broker.services.resolution import RESOLVABLE
 
 _PAGE = "admin/effect_broker/operator_page.html"
 _CSS = ("effect_broker/admin/console.css",)
-__all__ = ["EffectIntentAdmin", "TenantAdmin"]
+__all__ = ["DispatchPauseAdmin", "EffectIntentAdmin", "TenantAdmin"]
 
 # The index shows how many effects wait for an operator (a block above the app list).
 admin.site.index_template = "admin/effect_broker/index.html"
@@ -251,6 +259,15 @@ class EffectIntentAdmin(ReadOnlyAdmin):
             "events": events,
             "attempts": console.attempts(intent),
             "receipt": EffectReceipt.objects.filter(effect_id=intent.pk).first(),
+            # An operator's pause holding it (issue 24): why it is not being sent.
+            "pause": pauses.holding(
+                status=EffectStatus(intent.status),
+                safety=SafetyClass(intent.safety_class),
+                tool=intent.tool,
+                contract_name=intent.contract_name,
+                contract_version=intent.contract_version,
+                tenant_id=str(intent.tenant_id),
+            ),
             "jobs": console.linked_jobs(intent),
             "choices": choices,
             "may_resolve": may_resolve,

@@ -400,3 +400,85 @@ class ConformanceRun(models.Model):
     def __str__(self) -> str:
         verdict = "passed" if self.passed else "failed"
         return f"{self.contract_name}@{self.contract_version} {verdict}"
+
+
+class DispatchPause(models.Model):
+    """An operator's pause of dispatch for a tool, a contract or a tenant (issue 24).
+
+    Not ledger history, but an audit record all the same: who paused what, when and
+    why, and who resumed it. A row is never deleted and is resumed at most once (a
+    trigger refuses anything else, migration 0018); the effects it held are listed
+    by scope, not linked. At most one active pause per exact scope.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tool = models.TextField(null=True, blank=True)
+    contract_name = models.TextField(null=True, blank=True)
+    contract_version = models.TextField(null=True, blank=True)
+    tenant = models.ForeignKey(
+        Tenant,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="dispatch_pauses",
+    )
+    reason = models.TextField()
+    paused_by = models.TextField()
+    paused_at = models.DateTimeField()
+    resumed_by = models.TextField(null=True, blank=True)
+    resumed_at = models.DateTimeField(null=True, blank=True)
+    resume_reason = models.TextField(default="", blank=True)
+
+    class Meta:
+        db_table = "dispatch_pauses"
+        constraints = [
+            # One active pause per exact scope; NULL ("any") counts as a value.
+            models.UniqueConstraint(
+                fields=["tool", "contract_name", "contract_version", "tenant"],
+                condition=models.Q(resumed_at__isnull=True),
+                nulls_distinct=False,
+                name="dispatch_pauses_one_active_per_scope",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(tool__isnull=False)
+                | models.Q(contract_name__isnull=False)
+                | models.Q(tenant__isnull=False),
+                name="dispatch_pauses_has_scope",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(contract_version__isnull=True)
+                | models.Q(contract_name__isnull=False),
+                name="dispatch_pauses_version_needs_name",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        scope = " ".join(
+            part
+            for part in (
+                self.tool and f"tool {self.tool}",
+                self.contract_name
+                and f"contract {self.contract_name}"
+                + (f"@{self.contract_version}" if self.contract_version else ""),
+                self.tenant_id and f"tenant {self.tenant_id}",
+            )
+            if part
+        )
+        return f"pause of {scope}" + ("" if self.resumed_at is None else " (resumed)")
+
+
+class ContractLimitState(models.Model):
+    """A contract's shared dispatch-limit state: its rate bucket and its waiters'
+    cursor (domain/dispatch_limits.py). One row per contract name, written only by
+    ``store.dispatch_controls`` under the row's lock."""
+
+    contract_name = models.TextField(primary_key=True)
+    tokens = models.FloatField()
+    refilled_at = models.DateTimeField()
+    next_wake_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "contract_limits"
+
+    def __str__(self) -> str:
+        return f"limits of {self.contract_name}"

@@ -54,6 +54,7 @@ XDIST_GROUPS: dict[str, tuple[str, ...]] = {
 WHOLE_MODULES = (
     "tests/acceptance/test_api_database_unavailable.py",
     "tests/acceptance/test_api_server.py",
+    "tests/acceptance/test_dispatch_controls.py",
     "tests/acceptance/test_effects_cli.py",
     "tests/acceptance/test_static_files.py",
     "tests/acceptance/test_wheel_layout.py",

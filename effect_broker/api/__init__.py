@@ -4,6 +4,7 @@ calls a service and maps errors (in one place: ``problems``).
 - ``effects``: the public effects API, authenticated by a tenant's API key
   (``effect_batch``: its batch submit; ``effect_wait``: its long-poll);
 - ``operators``: resolution and forks, authenticated by an operator token;
+- ``pauses``: the operator's dispatch pauses, behind the same token;
 - ``health``: liveness and readiness.
 
 ``from effect_broker.api import api`` is what ``config/urls.py`` mounts.
@@ -15,7 +16,14 @@ from typing import Any
 
 from ninja import NinjaAPI
 
-from effect_broker.api import effect_batch, effect_wait, effects, health, operators
+from effect_broker.api import (
+    effect_batch,
+    effect_wait,
+    effects,
+    health,
+    operators,
+    pauses,
+)
 from effect_broker.api.database_unavailable import install as install_database_unavailable
 from effect_broker.api.docs_access import docs_access
 from effect_broker.api.problems import StrictJsonParser, install_handlers, problem
@@ -52,6 +60,7 @@ api.add_router("", effect_batch.router)
 api.add_router("", effects.router)
 api.add_router("", effect_wait.router)
 api.add_router("", operators.router)
+api.add_router("", pauses.router)
 api.add_router("", health.router)
 
 __all__ = ["api", "problem"]

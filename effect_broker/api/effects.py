@@ -35,7 +35,7 @@ from effect_broker.domain.records import (
 )
 from effect_broker.domain.states import EffectStatus
 from effect_broker.models import Tenant
-from effect_broker.services import inspection, resolution
+from effect_broker.services import inspection, pauses, resolution
 from effect_broker.services.inspection import MAX_PAGE
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import authenticate
@@ -202,6 +202,8 @@ def submit_effect(request: HttpRequest, body: SubmitOneIn, response: HttpRespons
         response[REPLAYED_HEADER] = "true"
     return Status(
         202 if reservation.created else 200,
+        # No pause lookup here: a submit stays one statement (issue 13); the
+        # effect's reads say whether a pause holds it.
         effect_out(
             reservation.effect, created=reservation.created, replayed=reservation.replayed
         ),
@@ -211,7 +213,9 @@ def submit_effect(request: HttpRequest, body: SubmitOneIn, response: HttpRespons
 @router.get("/v1/effects/{effect_id}", response=with_problems({200: EffectOut}, 404))
 def get_effect(request: HttpRequest, effect_id: str) -> dict[str, Any]:
     record = inspection.get_effect(_tenant(request), effect_id)
-    return effect_out(record, links=inspection.fork_links(record))
+    return effect_out(
+        record, links=inspection.fork_links(record), pause=pauses.pause_holding(record)
+    )
 
 
 @router.get("/v1/effects", response=with_problems({200: list[EffectOut]}))
@@ -225,7 +229,8 @@ def list_effects(
         operation_prefix=filters.operation_prefix,
         limit=filters.limit,
     )
-    return [effect_out(r) for r in records]
+    active = pauses.active_pauses()  # one read for the page
+    return [effect_out(r, pause=pauses.pause_holding(r, active)) for r in records]
 
 
 @router.get(

@@ -10,6 +10,7 @@ from ninja import Schema
 from pydantic import ConfigDict
 
 from effect_broker.api.problems import PROBLEM_JSON, problem_type
+from effect_broker.domain.pauses import Pause
 from effect_broker.domain.records import EffectRecord
 from effect_broker.services.inspection import ForkLinks
 
@@ -59,6 +60,17 @@ def with_problems(
     return {**success, **{status: ProblemOut for status in sorted(errors)}}
 
 
+class PausedOut(Schema):
+    """Why a due effect is not being sent: an operator paused dispatch of its tool,
+    contract or tenant (issue 24). It waits, it is not failed; nothing of it was
+    sent while paused, and it is sent once the pause is resumed."""
+
+    reason: str
+    since: datetime
+    #: What is paused, in words: "tool charge_card", "this tenant", ...
+    scope: str
+
+
 class EffectOut(Schema):
     """An effect as callers see it: state, never raw arguments."""
 
@@ -84,12 +96,31 @@ class EffectOut(Schema):
     #: proved what happened since. On a ``failed_final`` effect it means an operator
     #: gave up on it without proof that it did not take effect (issue 19, item 1).
     outcome_in_doubt: bool = False
+    #: Set while an operator's pause holds the effect (issue 24): its next send
+    #: waits for the pause to be resumed. Null otherwise.
+    paused: PausedOut | None = None
+
+
+def paused_out(pause: Pause | None) -> dict[str, Any] | None:
+    """A pause as the effect's owner sees it (never who paused it)."""
+    if pause is None:
+        return None
+    return {
+        "reason": pause.reason,
+        "since": pause.paused_at,
+        "scope": pause.scope.describe(),
+    }
 
 
 def effect_out(
-    record: EffectRecord, *, links: ForkLinks | None = None, **flags: bool
+    record: EffectRecord,
+    *,
+    links: ForkLinks | None = None,
+    pause: Pause | None = None,
+    **flags: bool,
 ) -> dict[str, Any]:
-    """The wire shape of ``record`` (with its fork links when given)."""
+    """The wire shape of ``record`` (with its fork links and the pause holding it,
+    when the caller looked them up)."""
     out: dict[str, Any] = {
         "effect_id": record.effect_id,
         "operation_key": record.operation_key,
@@ -104,6 +135,7 @@ def effect_out(
         "created_at": record.created_at,
         "updated_at": record.updated_at,
         "outcome_in_doubt": record.outcome_in_doubt,
+        "paused": paused_out(pause),
         **flags,
     }
     if links is not None:

@@ -255,6 +255,18 @@ class OperatorForbidden(BrokerError):
     mirrors = domain.OperatorForbiddenError
 
 
+class AlreadyPaused(BrokerError):
+    """Dispatch of this scope is already paused; nothing was changed (operator API)."""
+
+    mirrors = domain.AlreadyPausedError
+
+
+class PauseNotFound(BrokerError):
+    """No active pause matches; nothing was resumed (operator API)."""
+
+    mirrors = domain.PauseNotFoundError
+
+
 class Misconfigured(BrokerError):
     """The broker is misconfigured."""
 

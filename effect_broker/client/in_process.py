@@ -26,12 +26,13 @@ from effect_broker.client.models import (
     Effect,
     History,
     HistoryEvent,
+    Paused,
     Receipt,
 )
 from effect_broker.domain.errors import EffectBrokerError
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.models import Tenant
-from effect_broker.services import inspection
+from effect_broker.services import inspection, pauses
 from effect_broker.services.batch_submission import CREATED, REPLAYED, submit_many
 from effect_broker.services.submission import submit
 from effect_broker.services.tenants import authenticate
@@ -149,7 +150,19 @@ class InProcessClient(SyncBrokerOps):
         with _typed_errors():
             record = inspection.get_effect(self.tenant, effect_id)
             links = inspection.fork_links(record)
-        return _effect(record, forked_from=links.forked_from, forked_to=links.forked_to)
+            held = pauses.pause_holding(record)
+        return _effect(
+            record,
+            forked_from=links.forked_from,
+            forked_to=links.forked_to,
+            paused=None
+            if held is None
+            else Paused(
+                reason=held.reason,
+                since=_wire_time(held.paused_at),
+                scope=held.scope.describe(),
+            ),
+        )
 
     def receipt(self, effect_id: str) -> Receipt:
         """The receipt of a succeeded effect (``EffectNotFound`` while none)."""

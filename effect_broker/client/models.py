@@ -37,6 +37,29 @@ def _optional_str(value: object) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Paused:
+    """Why a due effect is not being sent: an operator paused dispatch of its tool,
+    contract or tenant. It waits (it is not failed); nothing of it is sent while
+    paused, and it is sent once an operator resumes dispatch."""
+
+    reason: str
+    since: datetime
+    #: What is paused, in words: "tool charge_card", "this tenant", ...
+    scope: str
+
+    @classmethod
+    def from_wire(cls, body: object) -> Paused | None:
+        """Parse the effect's ``paused`` member (None when absent or null)."""
+        if not isinstance(body, Mapping):
+            return None
+        return cls(
+            reason=str(body.get("reason", "")),
+            since=_time(body["since"]),
+            scope=str(body.get("scope", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Effect:
     """An effect as its tenant sees it: its state, never its raw arguments."""
 
@@ -65,6 +88,8 @@ class Effect:
     #: proved what happened since; on ``failed_final``, an operator gave up on it
     #: without that proof (a broker that predates the field sends nothing: False).
     outcome_in_doubt: bool = False
+    #: Set while an operator's pause holds the effect (issue 24): why it waits.
+    paused: Paused | None = None
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Effect:
@@ -87,6 +112,7 @@ class Effect:
             forked_from=_optional_str(body.get("forked_from")),
             forked_to=_optional_str(body.get("forked_to")),
             outcome_in_doubt=body.get("outcome_in_doubt") is True,
+            paused=Paused.from_wire(body.get("paused")),
         )
 
     @property

@@ -179,6 +179,24 @@ CONTRACT: tuple[ContractField, ...] = (
         "(a base64url key does, 1 time in 64); used by every attempt and lookup.",
         "base64url",
     ),
+    # Operator controls (issue 24, item 7): limits every worker shares, counted in
+    # PostgreSQL (domain/dispatch_limits.py); not for transactional contracts.
+    ContractField(
+        "max_in_flight",
+        {"type": "integer", "minimum": 1},
+        "At most this many attempts of the contract at once, across every worker "
+        "(every version of the contract counts). An effect over it waits; it never "
+        "fails for it.",
+        "no limit",
+    ),
+    ContractField(
+        "rate_limit",
+        {"type": "number", "exclusiveMinimum": 0},
+        "At most this many attempts per second across every worker (a number: 0.5 "
+        "is one attempt every 2 s); in any one second at most rate_limit + 1 start. "
+        "An effect over it waits; it never fails for it.",
+        "no limit",
+    ),
 )
 
 MCP: tuple[ContractField, ...] = (

@@ -35,6 +35,9 @@ File format (``contracts.toml``)::
                                    #   a name; default "{key}"
     key_alphabet = "hex"           # "base64url" (default) | "hex": 64 lowercase hex
                                    #   digits, never starting with "-"
+    max_in_flight = 10             # at most 10 attempts at once, across every worker
+    rate_limit = 50                # at most 50 attempts per second (+1 in any one
+                                   #   second); both optional, waits never fail
     description = "Charge a card"  # optional
     [contract.adapter_options]     # optional table, passed to the adapter as is
     url = "http://127.0.0.1:8081/charges"
@@ -125,6 +128,7 @@ the default). Every ``ContractError`` names the file, the contract and the field
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tomllib
@@ -139,6 +143,7 @@ from typing import Any, NoReturn
 import jsonschema
 
 from effect_broker.domain import contract_fields
+from effect_broker.domain.dispatch_limits import DispatchLimits
 from effect_broker.domain.errors import (
     ContractError,
     InvalidSecretRefError,
@@ -261,6 +266,11 @@ class EffectContract:
     #: spelled in ``key_alphabet`` (issue 22, item 3: upstreams whose key is a name).
     key_template: str = "{key}"
     key_alphabet: str = "base64url"
+    #: At most this many attempts at once, across every worker and every version of
+    #: the contract (issue 24, item 7; domain/dispatch_limits.py); None: no limit.
+    max_in_flight: int | None = None
+    #: At most this many attempts per second across every worker; None: no limit.
+    rate_limit: float | None = None
 
     def __post_init__(self) -> None:
         # Contracts built in code get the same invariants as contracts from a file;
@@ -320,6 +330,7 @@ class EffectContract:
         if not isinstance(self.sandbox, bool):
             self._fail("sandbox", "must be true or false")
         self._check_key_spelling()
+        self._check_limits()
         if self.mcp is not None and not isinstance(self.mcp, McpFace):
             self._fail("mcp", "must be an McpFace")
         self._check_upstream()
@@ -345,6 +356,39 @@ class EffectContract:
                     "'file:NAME' (one file name, no path)",
                 )
         return tuple(value)
+
+    def _check_limits(self) -> None:
+        in_flight, rate = self.max_in_flight, self.rate_limit
+        if in_flight is not None and (
+            not isinstance(in_flight, int) or isinstance(in_flight, bool) or in_flight < 1
+        ):
+            self._fail("max_in_flight", "must be an integer >= 1")
+        if rate is not None:
+            if (
+                not isinstance(rate, int | float)
+                or isinstance(rate, bool)
+                or not math.isfinite(rate)
+                or rate <= 0
+            ):
+                self._fail("rate_limit", "must be a number of attempts per second > 0")
+            object.__setattr__(self, "rate_limit", float(rate))
+        if (in_flight is not None or rate is not None) and (
+            self.safety is SafetyClass.TRANSACTIONAL
+        ):
+            # Its "target" is the broker's own database, inside the attempt's
+            # transaction, where no other worker can count it.
+            self._fail(
+                "max_in_flight" if in_flight is not None else "rate_limit",
+                "limits are for remote targets; a transactional contract's attempt "
+                "is a local transaction",
+            )
+
+    @property
+    def limits(self) -> DispatchLimits:
+        """The contract's dispatch limits (issue 24, item 7)."""
+        return DispatchLimits(
+            max_in_flight=self.max_in_flight, rate_limit=self.rate_limit
+        )
 
     def declared_secrets(self, tenant_name: str) -> frozenset[str]:
         """The references ``tenant_name`` may use in this contract's arguments."""

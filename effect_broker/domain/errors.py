@@ -521,6 +521,34 @@ class OperatorForbiddenError(EffectBrokerError):
     )
 
 
+# --- operator controls (issue 24, item 7) ---------------------------------------------
+
+
+class AlreadyPausedError(EffectBrokerError):
+    """Dispatch of this scope is already paused; nothing was changed.
+
+    ``pause_id`` names the active pause, with who paused it, when and why.
+    """
+
+    code = "already_paused"
+    http_status = 409
+    remedy = (
+        "Read the active pause (`effect-broker tools pauses`, GET /v1/operator/pauses); "
+        "resume it first if its reason should change."
+    )
+
+
+class PauseNotFoundError(EffectBrokerError):
+    """No active pause matches; nothing was resumed."""
+
+    code = "pause_not_found"
+    http_status = 404
+    remedy = (
+        "List the active pauses (`effect-broker tools pauses`, GET "
+        "/v1/operator/pauses) and resume one by its id or its exact scope."
+    )
+
+
 # --- deployment -----------------------------------------------------------------------
 
 

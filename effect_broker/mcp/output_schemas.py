@@ -71,13 +71,20 @@ RECEIPT: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-#: A proxy call that answered before its effect settled.
+#: A proxy call that answered before its effect settled; ``paused`` when an
+#: operator's pause holds it (issue 24): why, since when, and what is paused.
 RUNNING: dict[str, Any] = {
     "type": "object",
     "properties": {
         "effect_id": _TEXT,
         "status": _STATUS,
         "done": {"const": False},
+        "paused": {
+            "type": "object",
+            "properties": {"reason": _TEXT, "since": _TIMESTAMP, "scope": _TEXT},
+            "required": ["reason", "since", "scope"],
+            "additionalProperties": False,
+        },
     },
     "required": ["effect_id", "status", "done"],
     "additionalProperties": False,

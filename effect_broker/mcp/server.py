@@ -28,13 +28,14 @@ from effect_broker.domain.errors import (
     DatabaseConflictError,
     EffectBrokerError,
 )
+from effect_broker.domain.pauses import Pause
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import EffectStatus
 from effect_broker.domain.storable_text import require_storable
 from effect_broker.mcp import tools
 from effect_broker.mcp.passthrough import PassThroughMirror
 from effect_broker.models import Tenant
-from effect_broker.services import awaiting, inspection, resolution
+from effect_broker.services import awaiting, inspection, pauses, resolution
 from effect_broker.services.awaiting import in_thread
 from effect_broker.services.runtime import get_runtime
 from effect_broker.services.submission import submit
@@ -193,6 +194,10 @@ def _call(
             requested_by="mcp",
         ),
     )
+    held = pauses.pause_holding(reservation.effect)
+    if held is not None:
+        # Waiting cannot help while an operator's pause holds it: answer now.
+        return _paused(reservation.effect, held)
     return reservation.effect
 
 
@@ -278,6 +283,9 @@ def _outcome(tenant: Tenant, record: EffectRecord) -> types.CallToolResult:
             "Calling again with the same operation key returns this same answer.",
             **ids,
         )
+    held = pauses.pause_holding(record)
+    if held is not None:
+        return _paused(record, held)
     return types.CallToolResult(
         content=[
             _text(
@@ -287,6 +295,33 @@ def _outcome(tenant: Tenant, record: EffectRecord) -> types.CallToolResult:
             )
         ],
         structured_content={**ids, "done": False},
+    )
+
+
+def _paused(record: EffectRecord, held: Pause) -> types.CallToolResult:
+    """An operator's pause holds the effect (issue 24): it waits, nothing failed."""
+    paused = {
+        "reason": held.reason,
+        "since": held.paused_at.isoformat(),
+        "scope": held.scope.describe(),
+    }
+    return types.CallToolResult(
+        content=[
+            _text(
+                f"Paused by an operator: effect {record.effect_id} is recorded "
+                f"({record.status.value}) and waits; dispatch of "
+                f"{paused['scope']} is paused ({held.reason}). Nothing of it has "
+                "been sent while paused, and it will be sent when an operator "
+                "resumes dispatch. Call this tool again with the same operation_key "
+                "and arguments to get its outcome; do not use a new key."
+            )
+        ],
+        structured_content={
+            "effect_id": record.effect_id,
+            "status": record.status.value,
+            "done": False,
+            "paused": paused,
+        },
     )
 
 

@@ -19,9 +19,11 @@ from prometheus_client.registry import CollectorRegistry
 
 from effect_broker.api.problems import problem
 from effect_broker.observability.collectors import LedgerCollector
+from effect_broker.observability.control_collectors import ControlsCollector
 
 _ledger = CollectorRegistry(auto_describe=False)
 _ledger.register(LedgerCollector())
+_ledger.register(ControlsCollector())
 
 
 def _authorized(request: HttpRequest) -> bool:

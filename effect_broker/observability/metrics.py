@@ -126,6 +126,13 @@ RETRY_BLOCKED = Counter(
     "the effect went to manual_review.",
     EFFECT_LABELS,
 )
+DEFERRED = Counter(
+    "effect_broker_dispatch_deferred",
+    "Times a due send waited instead of starting (reason: paused = an operator's "
+    "pause holds it; max_in_flight or rate_limit = the contract's limit, and it "
+    "runs again shortly). Nothing is failed for it (issue 24).",
+    (*EFFECT_LABELS, "reason"),
+)
 SUBMIT_SECONDS = Histogram(
     "effect_broker_submit_duration_seconds",
     "Time of a submit in the broker (validation, hashing, encryption, reservation).",
@@ -157,6 +164,7 @@ ALL = (
     STALE_WRITES,
     RETRY_RETENTION,
     RETRY_BLOCKED,
+    DEFERRED,
     SUBMIT_SECONDS,
     SUBMIT_TO_RECEIPT_SECONDS,
 )
@@ -248,3 +256,8 @@ def retry_retention(record: EffectRecord, database_now: datetime) -> None:
 def retry_blocked(record: EffectRecord) -> None:
     """A retry came due after the key's retention: refused, sent to an operator."""
     RETRY_BLOCKED.labels(*record_labels(record)).inc()
+
+
+def deferred(record: EffectRecord, *, reason: str) -> None:
+    """A due send waited: an operator's pause, or the contract's limit."""
+    DEFERRED.labels(*record_labels(record), reason).inc()

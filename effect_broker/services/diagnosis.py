@@ -19,6 +19,7 @@ from typing import Any, Literal
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
+from django.utils import timezone
 
 from effect_broker.domain.errors import DecryptionError
 from effect_broker.domain.payload_crypto import decrypt
@@ -366,6 +367,39 @@ def check_waiting_effects(max_age: timedelta) -> Check:
     return Check("waiting_effects", "fail" if too_old else "warn", summary, tuple(rows))
 
 
+def check_pauses() -> Check:
+    """Operator pauses of dispatch (issue 24): each one active, who paused it, when,
+    why, and how many effects wait on it. A pause is deliberate, so a warning, never
+    a failure: doctor says what is held, the operator decides."""
+    from effect_broker.services import pauses
+
+    active = pauses.active_pauses()
+    if not active:
+        return Check("pauses", "ok", "no dispatch pause")
+    now = timezone.now()
+    rows: tuple[dict[str, Any], ...] = tuple(
+        {
+            "pause_id": p.pause_id,
+            "scope": p.describe(),
+            "paused_by": p.paused_by,
+            "paused_at": p.paused_at.isoformat(),
+            "age": _age((now - p.paused_at).total_seconds()),
+            "reason": p.reason,
+            "held_effects": pauses.held_count(p.pause_id),
+        }
+        for p in active
+    )
+    held = pauses.held_total()  # an effect two pauses hold is counted once
+    return Check(
+        "pauses",
+        "warn",
+        f"{len(rows)} active pause(s) hold {held} effect(s): "
+        + "; ".join(f"{row['scope']} ({row['age']})" for row in rows)
+        + "; resume with: effect-broker tools resume",
+        rows,
+    )
+
+
 def run_checks(options: DoctorOptions | None = None) -> list[Check]:
     """Every doctor check, in the order an operator would fix them."""
     from effect_broker.services.key_lint import (
@@ -388,6 +422,7 @@ def run_checks(options: DoctorOptions | None = None) -> list[Check]:
         ("workers", check_workers),
         ("stalled_jobs", check_stalled_jobs),
         ("waiting_effects", lambda: check_waiting_effects(opts.max_waiting_age)),
+        ("pauses", check_pauses),
     ]
     for name, run in later[:1]:
         checks.append(run() if schema_ok else _skipped(name))

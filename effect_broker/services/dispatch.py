@@ -34,7 +34,7 @@ from effect_broker.domain.states import EffectStatus
 from effect_broker.models import Tenant
 from effect_broker.observability import metrics
 from effect_broker.observability.instrumentation import dispatch_span, timed_attempt
-from effect_broker.services import deadlines, outcomes
+from effect_broker.services import admission, deadlines, outcomes
 from effect_broker.services.lease import LeaseKeeper
 from effect_broker.services.outcomes import to_manual_review
 from effect_broker.services.payloads import load_arguments
@@ -80,6 +80,20 @@ def dispatch(
     # Due or not is decided on the database's clock (it also scheduled the job).
     if record.next_action_at is not None and record.next_action_at > read.database_now:
         rt.scheduler.dispatch(effect_id, at=record.next_action_at)
+        return record
+    if read.pause_id is not None:
+        # An operator's pause holds it (issue 24; read with the row). The job ends
+        # here and schedules nothing: no polling while paused, and resuming the
+        # pause defers this effect's job again (services.pauses).
+        metrics.deferred(record, reason="paused")
+        logger.info(
+            "dispatch held by a pause",
+            extra={
+                "action": "dispatch_paused",
+                "effect_id": effect_id,
+                "pause_id": read.pause_id,
+            },
+        )
         return record
     contract = rt.registry.get(record.contract_name, record.contract_version)
     with dispatch_span(record) as span:  # a child of the submit's span
@@ -141,12 +155,10 @@ def send_attempt(
     # Read BEFORE the claim is sent: the lease the database starts is no older than
     # this, so "claimed_at + lease - margin" is a moment the lease provably holds.
     claimed_at = rt.clock.monotonic()
-    record, attempt_id = store.start_attempt(
-        record,
-        worker=worker,
-        now=rt.clock.now(),
-        changes=deadlines.claim_changes(rt, record, contract, worker=worker),
-    )
+    claimed = admission.claim(rt, record, contract, worker=worker)
+    if isinstance(claimed, admission.Waiting):
+        return _wait_for_limit(rt, record, claimed, worker=worker)
+    record, attempt_id = claimed
     with LeaseKeeper(
         rt,
         record,
@@ -210,6 +222,40 @@ def send_attempt(
     return outcomes.record_unknown(
         rt, held, actor=worker, attempt_id=attempt_id, reason=reason
     )
+
+
+def _wait_for_limit(
+    rt: Runtime, record: EffectRecord, waiting: admission.Waiting, *, worker: str
+) -> EffectRecord:
+    """Over the contract's limit: nothing was claimed or sent. A dispatch job was
+    deferred to the wake time with the decision; a same-key resend (the effect is
+    RECONCILING) goes back to waiting as an unknown outcome, due at that time."""
+    logger.info(
+        "send waits for the contract's limit",
+        extra={
+            "action": "dispatch_waits",
+            "effect_id": record.effect_id,
+            "reason": waiting.reason,
+        },
+    )
+    if record.status is not EffectStatus.RECONCILING:
+        return record
+    with transaction.atomic():
+        waited = store.transition(
+            record,
+            EffectStatus.OUTCOME_UNKNOWN,
+            event_type="resend_deferred",
+            actor=worker,
+            now=rt.clock.now(),
+            metadata={"waiting_on": waiting.reason},
+            changes={
+                "lease_owner": None,
+                "lease_expires_at": None,
+                "next_action_at": waiting.wake_at,
+            },
+        )
+        rt.scheduler.reconcile(record.effect_id, at=waiting.wake_at)
+    return waited
 
 
 def _with_secrets(

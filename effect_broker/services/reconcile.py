@@ -29,7 +29,7 @@ from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus, ProbeStatus, SafetyClass
 from effect_broker.observability import metrics
 from effect_broker.observability.instrumentation import reconcile_span
-from effect_broker.services import deadlines, outcomes
+from effect_broker.services import deadlines, outcomes, pauses
 from effect_broker.services.dispatch import note_stale_write, send_attempt
 from effect_broker.services.outcomes import to_manual_review
 from effect_broker.services.payloads import load_arguments
@@ -53,9 +53,31 @@ def reconcile(
     if record.next_action_at is not None and record.next_action_at > database_now:
         rt.scheduler.reconcile(effect_id, at=record.next_action_at)
         return record
+    if record.safety is SafetyClass.IDEMPOTENT and _held(record):
+        return record
     contract = rt.registry.get(record.contract_name, record.contract_version)
     with reconcile_span(record) as work:  # its outcome counted by ended()
         return work.ended(_reconcile_due(rt, record, contract, worker, database_now))
+
+
+def _held(record: EffectRecord) -> bool:
+    """An idempotent effect's reconciliation is a same-key resend: a request that can
+    create the charge, which an operator's pause holds (domain/pauses.py). The job
+    ends here, scheduling nothing; resuming the pause defers it again. A lookup
+    (reconcilable) only reads, and is never held."""
+    held = pauses.pause_holding(record)
+    if held is None:
+        return False
+    metrics.deferred(record, reason="paused")
+    logging.getLogger(__name__).info(
+        "resend held by a pause",
+        extra={
+            "action": "resend_paused",
+            "effect_id": record.effect_id,
+            "pause_id": held.pause_id,
+        },
+    )
+    return True
 
 
 def _reconcile_due(

@@ -95,6 +95,9 @@ class DispatchRead:
     sealed: SealedArguments
     #: The database's clock at the read (shifted by the offset asked for).
     database_now: datetime
+    #: The id of the oldest active operator pause covering the effect, if any
+    #: (whether it holds the effect depends on its status: domain/pauses.py).
+    pause_id: str | None = None
 
 
 def load_for_dispatch(
@@ -108,7 +111,10 @@ def load_for_dispatch(
     if row is None:
         raise EffectNotFoundError(f"no effect {effect_id}")
     return DispatchRead(
-        record_from_row(row[:-3]), SealedArguments(bytes(row[-3]), row[-2]), row[-1]
+        record_from_row(row[:-4]),
+        SealedArguments(bytes(row[-4]), row[-3]),
+        row[-2],
+        None if row[-1] is None else str(row[-1]),
     )
 
 

@@ -142,14 +142,32 @@ SELECT_INTENT_BY_ID = SELECT_INTENT + " WHERE id = %s"
 SELECT_INTENT_BY_ID_SCOPED = SELECT_INTENT + " WHERE id = %s AND tenant_id = %s"
 SELECT_VERSION = "SELECT version FROM effect_intents WHERE id = %s"
 
-# A dispatch job's one read: the row, its head digest, the sealed arguments and the
-# database's clock (whether the effect is due is decided on that clock, not the host's).
+#: Pause ``p``'s scope covers the ``effect_intents`` row of the enclosing query
+#: (issue 24, item 7; domain/pauses.py): every scope field that is set must match.
+PAUSE_SCOPE = """
+    (p.tool IS NULL OR p.tool = effect_intents.tool)
+    AND (p.contract_name IS NULL OR p.contract_name = effect_intents.contract_name)
+    AND (p.contract_version IS NULL
+         OR p.contract_version = effect_intents.contract_version)
+    AND (p.tenant_id IS NULL OR p.tenant_id = effect_intents.tenant_id)"""
+
+#: An ACTIVE pause covering the row. Served by the partial unique index on active
+#: pauses (a handful of rows, none at all most of the time).
+PAUSE_COVERS = "dispatch_pauses p WHERE p.resumed_at IS NULL AND " + PAUSE_SCOPE
+
+# A dispatch job's one read: the row, its head digest, the sealed arguments, the
+# database's clock (whether the effect is due is decided on that clock, not the
+# host's) and the oldest active pause that holds it (issue 24: checked in the same
+# round trip, so an unpaused dispatch costs nothing more).
 SELECT_INTENT_FOR_DISPATCH = (
     "SELECT "
     + ", ".join(INTENT_COLUMNS)
     + ", "
     + HEAD_DIGEST
     + ", arguments_ciphertext, arguments_key_id, clock_timestamp() + %s::interval"
+    + ", (SELECT p.id FROM "
+    + PAUSE_COVERS
+    + " ORDER BY p.paused_at LIMIT 1)"
     + " FROM effect_intents WHERE id = %s"
 )
 
@@ -250,10 +268,18 @@ SELECT_EXPIRED_LEASES = (
     + " ORDER BY lease_expires_at LIMIT %s"
     + _SWEEP_LOCK
 )
+# Due work a pause holds is left alone (domain/pauses.py): its job found it paused
+# and ended; ``services.pauses.resume`` defers it again, and from then on this finds
+# it too. Without this, every sweep would re-defer every paused effect.
 SELECT_DUE = (
     SELECT_INTENT
     + " WHERE status = %s AND next_action_at <= clock_timestamp() + %s::interval"
-    + " AND safety_class = ANY(%s) ORDER BY next_action_at LIMIT %s"
+    + " AND safety_class = ANY(%s)"
+    + " AND NOT EXISTS (SELECT FROM "
+    + PAUSE_COVERS
+    + " AND (effect_intents.status <> 'outcome_unknown'"
+    + " OR effect_intents.safety_class = 'idempotent'))"
+    + " ORDER BY next_action_at LIMIT %s"
     + _SWEEP_LOCK
 )
 

@@ -135,7 +135,7 @@ def _credentials(path: str, ledger: Ledger) -> dict[str, str] | None:
     request without them and expects a 401."""
     if not path.startswith("/v1/"):
         return None
-    operator = path.endswith(("/resolve", "/fork"))
+    operator = path.endswith(("/resolve", "/fork")) or path.startswith("/v1/operator/")
     token = ledger.operator_token if operator else ledger.api_key
     return {"Authorization": f"Bearer {token}"}
 
@@ -189,6 +189,10 @@ def _semantic_refusal(case: Any, response: Any) -> bool:
             and isinstance(asked, int)
             and asked > int(problem.get("latest_sequence", asked))
         )
+    if label == "POST /v1/operator/pauses":
+        # A pause names a tool, contract or tenant of this deployment (a typo would
+        # pause nothing), and at least one of them (issue 24).
+        return code in ("unknown_contract", "invalid_request")
     if label.endswith(("/resolve", "/fork")):
         # The evidence a resolution needs depends on the resolution; its problem
         # names the ``missing`` member (effect_broker.domain.evidence).

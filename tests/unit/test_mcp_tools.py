@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import jsonschema
 import pytest
 
 from effect_broker.domain.contracts import parse_contracts
+from effect_broker.mcp.output_schemas import RUNNING
 from effect_broker.mcp.server import _schema_problems
 from effect_broker.mcp.tools import MANAGEMENT_NAMES, list_tools, proxy_input_schema
 
@@ -71,3 +73,17 @@ def test_schema_problems_name_nested_and_missing_fields() -> None:
         "items.2",
     ]
     assert _schema_problems(schema, {"operation_key": "k", "items": []}) == []
+
+
+def test_a_paused_answer_fits_the_proxy_tools_output_schema() -> None:
+    # Issue 24: an operator's pause holds the effect; the answer says why. A client
+    # checks it against the listed outputSchema, declared output schema or not.
+    paused = {
+        "effect_id": "e",
+        "status": "prepared",
+        "done": False,
+        "paused": {"reason": "incident", "since": "2026-12-05T08:00:00Z", "scope": "t"},
+    }
+    jsonschema.validate(paused, RUNNING)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**paused, "paused": {"reason": "incident"}}, RUNNING)

@@ -27,6 +27,12 @@ def _detail_line(check: str, detail: dict[str, Any]) -> str:
             f"{detail['heartbeat_age_seconds']:g}s ago, "
             f"{detail['running']} job(s) running"
         )
+    if check == "pauses":
+        return (
+            f"pause {detail['pause_id']}: {detail['scope']}, by {detail['paused_by']} "
+            f"{detail['age']} ago ({detail['reason']}); {detail['held_effects']} "
+            "effect(s) wait"
+        )
     if "message" in detail:  # a contract problem: file:contract:field: reason
         return str(detail["message"])
     return ", ".join(
@@ -37,9 +43,9 @@ def _detail_line(check: str, detail: dict[str, Any]) -> str:
 class Command(BaseCommand):
     help = (
         "Check the database, migrations, procrastinate schema, master key, contracts, "
-        "workers and stalled jobs, effects waiting for an operator, key retention "
-        "against the retry horizon, and recent operation keys. Exit 1 when any check "
-        "fails (FAIL); warnings (WARN) exit 0 unless --strict."
+        "workers and stalled jobs, effects waiting for an operator, dispatch pauses, "
+        "key retention against the retry horizon, and recent operation keys. Exit 1 "
+        "when any check fails (FAIL); warnings (WARN) exit 0 unless --strict."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -22,7 +22,7 @@ from effect_broker.domain.canonical import canonical_json, parse_json_strict
 from effect_broker.domain.errors import InvalidRequestError
 from effect_broker.domain.evidence import EVIDENCE_SHAPES
 from effect_broker.domain.states import EffectStatus
-from effect_broker.services import forking, inspection, operators, resolution
+from effect_broker.services import forking, inspection, operators, pauses, resolution
 from effect_broker.services.runtime import get_runtime
 
 _STATUSES = [s.value for s in EffectStatus]
@@ -250,6 +250,12 @@ class Command(BaseCommand):
             if inspection.needs_operator(record):
                 self.stdout.write(
                     "needs      an operator (effect-broker effects resolve)"
+                )
+            held = pauses.pause_holding(record)
+            if held is not None:
+                self.stdout.write(
+                    f"paused     {held.describe()} by {held.paused_by} ({held.reason}); "
+                    f"waits for: effect-broker tools resume --id {held.pause_id}"
                 )
         self.stdout.write(f"chain      verified ({folded.latest_sequence} events)")
         self.stdout.write("")

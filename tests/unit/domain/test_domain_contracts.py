@@ -277,9 +277,9 @@ RULES = [
         "contract 'p.x' v1: field 'retry_limt': unknown key; did you mean "
         "'retry_limit'? (allowed: active, adapter, adapter_options, attempt_timeout, "
         "backoff_initial, backoff_max, description, key_alphabet, key_retention, "
-        "key_template, mcp, name, preview_fields, retry_limit, safety, sandbox, "
-        "secrets, settlement_bound, tenant_secrets, tool, unknown_alert_after, "
-        "upstream, version)",
+        "key_template, max_in_flight, mcp, name, preview_fields, rate_limit, "
+        "retry_limit, safety, sandbox, secrets, settlement_bound, tenant_secrets, "
+        "tool, unknown_alert_after, upstream, version)",
         id="unknown key",
     ),
     pytest.param(

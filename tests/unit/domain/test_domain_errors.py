@@ -65,6 +65,8 @@ EXPECTED = {
     "SecretRefNotDeclaredError": ("secret_ref_not_declared", 422),
     "SecretUnavailableError": ("secret_unavailable", 500),
     "OperatorForbiddenError": ("operator_forbidden", 403),
+    "AlreadyPausedError": ("already_paused", 409),
+    "PauseNotFoundError": ("pause_not_found", 404),
     "InvalidRequestError": ("invalid_request", 400),
     "ConfigurationError": ("configuration", 500),
     "EventChainBrokenError": ("event_chain_broken", 500),

@@ -18,7 +18,7 @@ import yaml
 from django_prometheus.middleware import Metrics
 from prometheus_client import REGISTRY
 
-from effect_broker.observability import collectors, metrics
+from effect_broker.observability import collectors, control_collectors, metrics
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "observability"
 ALERTS = EXAMPLES / "alerts.yml"
@@ -47,7 +47,7 @@ _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 def exported_series() -> set[str]:
     """Every series name the API and the workers can expose."""
     Metrics.get_instance()  # django-prometheus's HTTP families, as its middleware does
-    names = set(collectors.METRIC_NAMES)
+    names = set(collectors.METRIC_NAMES) | set(control_collectors.METRIC_NAMES)
     for family in REGISTRY.collect():
         names.update(family.name + suffix for suffix in _SUFFIXES[family.type])
     return names
