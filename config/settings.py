@@ -8,6 +8,7 @@ clone runs with no configuration at all.
 from __future__ import annotations
 
 import os
+from importlib.util import find_spec
 from pathlib import Path
 
 from config import capacity
@@ -85,10 +86,15 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "procrastinate.contrib.django",
-    # django-ninja's templates and its bundled Swagger UI assets (ninja/static): with
-    # it installed, /docs loads them from STATIC_URL, never from a CDN (issue 11).
-    "ninja",
 ]
+
+# django-ninja's templates and its bundled Swagger UI assets (ninja/static), so /docs
+# loads them from STATIC_URL, never from a CDN (issue 11). Found by location rather
+# than by listing "ninja" in INSTALLED_APPS: an installed app is imported by every
+# process, and importing ninja pulls in pydantic, django.test, jinja2 and unittest -
+# a quarter of the start-up of every worker and CLI command, none of which serves
+# an API (the API process imports ninja with its URLs).
+NINJA_DIR = Path(find_spec("ninja").submodule_search_locations[0])  # type: ignore[union-attr,index]
 
 # Session, auth and messages serve only the admin: on the API's routes (/v1/,
 # /healthz, /readyz, /metrics) these subclasses of Django's own pass the request
@@ -130,7 +136,7 @@ ASGI_APPLICATION = "config.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        "DIRS": [NINJA_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -299,6 +305,9 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
+#: ninja's static folder holds a ``ninja/`` folder: its assets keep their
+#: ``/static/ninja/...`` names, as when ninja was an installed app.
+STATICFILES_DIRS = [NINJA_DIR / "static"]
 #: Where ``manage.py collectstatic`` gathers the static files WhiteNoise serves in
 #: production (docs/tutorial/first-hour.md); development serves them from the apps
 #: (finders).

@@ -25,7 +25,7 @@ from effect_broker.api import (
     pauses,
 )
 from effect_broker.api.database_unavailable import install as install_database_unavailable
-from effect_broker.api.docs_access import docs_access
+from effect_broker.api.docs_access import LocalSwagger, docs_access
 from effect_broker.api.problems import StrictJsonParser, install_handlers, problem
 from effect_broker.api.schemas import problem_media_types
 
@@ -51,6 +51,7 @@ api = BrokerApi(
     ),
     parser=StrictJsonParser(),
     urls_namespace="effect_broker_api",
+    docs=LocalSwagger(),
     docs_decorator=docs_access,
 )
 install_handlers(api)
