@@ -48,6 +48,7 @@ WHOLE_MODULES = (
     "tests/acceptance/test_api_database_unavailable.py",
     "tests/acceptance/test_api_server.py",
     "tests/acceptance/test_effects_cli.py",
+    "tests/acceptance/test_runtime_recipes.py",
     "tests/acceptance/test_static_files.py",
     "tests/acceptance/test_wheel_layout.py",
     "tests/acceptance/test_worker_survives_db_restart.py",

@@ -55,6 +55,7 @@ from examples.crash_matrix.report import (
 )
 from examples.crash_matrix.restart_cells import db_restart_under_load_cell
 from examples.crash_matrix.rig import Rig, open_rig
+from examples.crash_matrix.runtime_cells import runtime_cells
 
 if TYPE_CHECKING:
     from effect_broker.management.crash_matrix_options import TextSink
@@ -72,6 +73,7 @@ RUNNABLE = frozenset(
         plan.DB_RESTART_LOAD,
         plan.EDGE,
         plan.MCP_KILL,
+        plan.RUNTIME_KILL,
     }
 )
 
@@ -258,6 +260,10 @@ def _run_cells(
         parallel,
         report,
     )
+    if kinds.get(plan.RUNTIME_KILL):
+        results += runtime_cells(
+            rig, kinds[plan.RUNTIME_KILL], run_id, report.cell, parallel
+        )
     results += _in_pool(
         [
             lambda s=s: _concurrent(rig, s, run_id, ledger)

@@ -101,12 +101,23 @@ class Checkout:
         return result
 
 
+def sticky_timeout() -> timedelta:
+    """How long the server waits for a workflow's last worker before it hands the
+    workflow to another (``CHECKOUT_STICKY_TIMEOUT``; the SDK's default, 10 s): after
+    a crash, the restarted worker carries on that much later."""
+    return timedelta(seconds=float(os.environ.get("CHECKOUT_STICKY_TIMEOUT", "10")))
+
+
 async def run(request: Charge, order: str, address: str) -> dict[str, Any]:
     """Run a worker and the order's workflow until it returns."""
     client = await Client.connect(address)
     workflow_id = f"checkout-{order}"
     async with Worker(
-        client, task_queue=TASK_QUEUE, workflows=[Checkout], activities=[charge]
+        client,
+        task_queue=TASK_QUEUE,
+        workflows=[Checkout],
+        activities=[charge],
+        sticky_queue_schedule_to_start_timeout=sticky_timeout(),
     ):
         try:
             handle = await client.start_workflow(
