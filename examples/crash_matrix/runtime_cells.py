@@ -136,13 +136,15 @@ def runtime_services(rig: Rig, runtimes: list[str], run: str) -> Iterator[Servic
     database = f"{connection.settings_dict['NAME']}_runtimes"
     create_scratch_database(rig.database_url, database)
     try:
+        # Each helper is SIGKILLed when done: none holds anything worth a graceful
+        # stop, and their database is dropped (WITH FORCE) right after.
         with ExitStack() as stack:
             made = {
                 r: create_tenant(f"runtime-{r}-{run}-{uuid.uuid4().hex[:6]}")
                 for r in runtimes
             }
             api, api_url = start_api(rig.env(), workdir)
-            stack.callback(api.stop)
+            stack.callback(api.kill)
             services = Services(
                 rig=rig,
                 workdir=workdir,
@@ -153,7 +155,7 @@ def runtime_services(rig: Rig, runtimes: list[str], run: str) -> Iterator[Servic
             )
             if "temporal" in runtimes:
                 server, services.temporal_address = start_temporal(workdir)
-                stack.callback(server.stop)
+                stack.callback(server.kill)
             if "celery" in runtimes:
                 worker = services.start(
                     "celery",
@@ -165,7 +167,7 @@ def runtime_services(rig: Rig, runtimes: list[str], run: str) -> Iterator[Servic
                     ],
                 )  # fmt: skip
                 services.celery_worker = worker
-                stack.callback(worker.stop)
+                stack.callback(worker.kill)
             yield services
             failed = services.failed
     finally:
@@ -323,12 +325,14 @@ def runtime_cells(
     on_result: Callable[[CellResult], None],
     parallel: int,
 ) -> list[CellResult]:
-    """Run the chosen runtime cells, ``parallel`` at a time."""
+    """Run the chosen runtime cells, all at once: each spends much of its time waiting
+    (a paused broker worker, a runtime's recovery timers), so they overlap well even
+    past ``parallel``, which only sets the floor."""
     runtimes = [s.removeprefix(plan.RUNTIME_PREFIX) for s in scenarios]
     results: list[CellResult] = []
     with (
         runtime_services(rig, runtimes, run) as services,
-        ThreadPoolExecutor(max_workers=parallel) as pool,
+        ThreadPoolExecutor(max_workers=max(parallel, len(runtimes))) as pool,
     ):
         futures = [pool.submit(runtime_cell, services, r, run) for r in runtimes]
         for future in as_completed(futures):

@@ -144,5 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """Leave without the interpreter's finalization: the SDK's Rust threads can abort
+    a short-lived process there ("PyGILState_Release: thread state ... must be
+    current", temporalio/sdk-python#300) after all the work is done."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
