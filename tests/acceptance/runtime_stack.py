@@ -151,5 +151,8 @@ def live_stack() -> Iterator[Stack]:
         )
     finally:
         for process in reversed(started):
-            process.stop()
+            # Nothing to finish gracefully: the databases are dropped next.
+            process.kill()
+            if isinstance(process, WorkerProcess):
+                process.close()
         _drop(admin_url, *names)
