@@ -49,8 +49,10 @@ def charge(tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
     """Charge through the broker under this step's key."""
     # Workflow id + step id: the same when DBOS retries or recovers this step, so a
     # re-run replays the effect the first run created. Never an attempt counter.
-    key = dbos_key(DBOS.workflow_id, DBOS.step_id)
-    return _perform(key, tool, arguments)
+    workflow_id, step_id = DBOS.workflow_id, DBOS.step_id
+    assert workflow_id is not None  # both are set inside every step
+    assert step_id is not None
+    return _perform(dbos_key(workflow_id, step_id), tool, arguments)
 
 
 @DBOS.step()

@@ -64,6 +64,7 @@ async def charge(request: Charge) -> dict[str, Any]:
     info = activity.info()
     # Workflow id + activity id: the same on every retry of the activity and in a
     # new run of the workflow; never the attempt or the run id, which change.
+    assert info.workflow_id is not None  # run by a workflow, not on its own
     key = temporal_key(info.workflow_id, info.activity_id)
     async with async_broker() as client:
         try:
