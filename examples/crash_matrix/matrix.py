@@ -95,7 +95,13 @@ class Reporter:
     def cell(self, result: CellResult) -> None:
         """Report a finished cell."""
         self.done += 1
-        naive = "" if result.naive_effects is None else f", naive {result.naive_effects}"
+        # A runtime cell's baseline is the runtime alone, not the naive loop.
+        alone = result.scenario.startswith(plan.RUNTIME_PREFIX)
+        naive = (
+            ""
+            if result.naive_effects is None
+            else f", {'alone' if alone else 'naive'} {result.naive_effects}"
+        )
         ledger = (
             "" if result.ledger_effects is None else f", {LEDGER} {result.ledger_effects}"
         )
@@ -324,8 +330,8 @@ def run_matrix(
     report.say(
         f"crash matrix: {len(SCENARIOS)} safety classes x {len(FAILPOINTS)} kill points, "
         f"plus concurrency, zombie, target-down, database-restart and "
-        f"{len(plan.EDGE_CASES)} edge faults, and {len(plan.MCP_SCENARIOS)} classes "
-        f"behind the mcp adapter ({where}, "
+        f"{len(plan.EDGE_CASES)} edge faults, {len(plan.MCP_SCENARIOS)} classes "
+        f"behind the mcp adapter, and {len(plan.RUNTIMES)} runtimes ({where}, "
         f"{workers} real worker processes)"
     )
     if only:
