@@ -132,9 +132,8 @@ def test_celery_recipe_charges_once_and_retries_under_one_key_for_the_operator(
     stack: Stack,
 ) -> None:
     worker = stack.start(
-        "celery-worker", "celery", "-A", "examples.runtimes.celery_checkout", "worker",
-        "--pool", "prefork", "-c", "1", "--without-gossip", "--without-mingle",
-        "--without-heartbeat",
+        "celery-worker", "celery", "-A", "examples.runtimes.celery_checkout",
+        "worker", "--pool", "prefork", "-c", "1",
     )  # fmt: skip
     recipe = "examples.runtimes.celery_checkout"
     try:
