@@ -56,6 +56,7 @@ WHOLE_MODULES = (
     "tests/acceptance/test_api_server.py",
     "tests/acceptance/test_dispatch_controls.py",
     "tests/acceptance/test_effects_cli.py",
+    "tests/acceptance/test_runtime_recipes.py",
     "tests/acceptance/test_static_files.py",
     "tests/acceptance/test_wheel_layout.py",
     "tests/acceptance/test_worker_survives_db_restart.py",

@@ -55,6 +55,7 @@ from examples.crash_matrix.report import (
 )
 from examples.crash_matrix.restart_cells import db_restart_under_load_cell
 from examples.crash_matrix.rig import Rig, open_rig
+from examples.crash_matrix.runtime_cells import runtime_cells
 
 if TYPE_CHECKING:
     from effect_broker.management.crash_matrix_options import TextSink
@@ -72,6 +73,7 @@ RUNNABLE = frozenset(
         plan.DB_RESTART_LOAD,
         plan.EDGE,
         plan.MCP_KILL,
+        plan.RUNTIME_KILL,
     }
 )
 
@@ -93,7 +95,13 @@ class Reporter:
     def cell(self, result: CellResult) -> None:
         """Report a finished cell."""
         self.done += 1
-        naive = "" if result.naive_effects is None else f", naive {result.naive_effects}"
+        # A runtime cell's baseline is the runtime alone, not the naive loop.
+        alone = result.scenario.startswith(plan.RUNTIME_PREFIX)
+        naive = (
+            ""
+            if result.naive_effects is None
+            else f", {'alone' if alone else 'naive'} {result.naive_effects}"
+        )
         ledger = (
             "" if result.ledger_effects is None else f", {LEDGER} {result.ledger_effects}"
         )
@@ -258,6 +266,10 @@ def _run_cells(
         parallel,
         report,
     )
+    if kinds.get(plan.RUNTIME_KILL):
+        results += runtime_cells(
+            rig, kinds[plan.RUNTIME_KILL], run_id, report.cell, parallel
+        )
     results += _in_pool(
         [
             lambda s=s: _concurrent(rig, s, run_id, ledger)
@@ -318,8 +330,8 @@ def run_matrix(
     report.say(
         f"crash matrix: {len(SCENARIOS)} safety classes x {len(FAILPOINTS)} kill points, "
         f"plus concurrency, zombie, target-down, database-restart and "
-        f"{len(plan.EDGE_CASES)} edge faults, and {len(plan.MCP_SCENARIOS)} classes "
-        f"behind the mcp adapter ({where}, "
+        f"{len(plan.EDGE_CASES)} edge faults, {len(plan.MCP_SCENARIOS)} classes "
+        f"behind the mcp adapter, and {len(plan.RUNTIMES)} runtimes ({where}, "
         f"{workers} real worker processes)"
     )
     if only:

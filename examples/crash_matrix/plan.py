@@ -38,6 +38,14 @@ MCP_PREFIX = "mcp-"
 MCP_SCENARIOS = [f"{MCP_PREFIX}{s}" for s in ("idempotent", "reconcilable", "unsafe")]
 #: The kills that matter for an adapter: the target committed, the receipt did not.
 MCP_FAILPOINTS = ("after_target_commit", "before_receipt_commit")
+#: Issue 23: a real runtime process SIGKILLed after the target committed, once
+#: calling the target directly and once through the broker with the runtime's recipe
+#: (examples/crash_matrix/runtime_cells.py); ``--only runtime`` runs just these.
+RUNTIME_KILL = "runtime kill"
+RUNTIME_PREFIX = "runtime-"
+RUNTIMES = ("dbos", "langgraph", "celery", "temporal")
+RUNTIME_SCENARIOS = [f"{RUNTIME_PREFIX}{r}" for r in RUNTIMES]
+RUNTIME_CASE = "killed after target commit"
 
 
 def safety_of(scenario: str) -> str:
@@ -97,6 +105,7 @@ def all_cells() -> list[CellId]:
     cells += [CellId(DB_RESTART_LOAD, "idempotent", DB_RESTART_LOAD)]
     cells += [CellId(EDGE, s, case) for s, case in EDGE_CASES]
     cells += [CellId(MCP_KILL, s, fp) for s in MCP_SCENARIOS for fp in MCP_FAILPOINTS]
+    cells += [CellId(RUNTIME_KILL, s, RUNTIME_CASE) for s in RUNTIME_SCENARIOS]
     return cells
 
 
@@ -124,8 +133,8 @@ def select(cells: list[CellId], patterns: list[str]) -> list[CellId]:
         if not any(matches(pattern, cell.name) for cell in cells):
             raise ValueError(
                 f"--only {pattern!r} matches no cell; cells are named scenario/case, "
-                f"scenarios {', '.join([*SCENARIOS, *MCP_SCENARIOS])}, cases "
-                f"{', '.join(dict.fromkeys(cell.case for cell in cells))}"
+                f"scenarios {', '.join(dict.fromkeys(cell.scenario for cell in cells))}, "
+                f"cases {', '.join(dict.fromkeys(cell.case for cell in cells))}"
             )
     names = {cell.name.lower() for cell in cells}
 

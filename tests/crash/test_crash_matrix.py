@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.crash_matrix.plan import EDGE_CASES, safety_of
+from examples.crash_matrix.plan import EDGE_CASES, RUNTIME_PREFIX, safety_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,9 +29,10 @@ def test_every_cell_keeps_its_safety_class_promise(matrix) -> None:
     assert failed == []
     # 4 classes x 6 failpoints, 4 concurrency cells, 3 zombies, 3 target-down,
     # 4 restarts, 1 restart under load, 15 edge cells (tests/crash/test_edge_cells.py
-    # reads those), and 3 classes x 2 kills behind the mcp adapter
-    # (tests/crash/test_mcp_adapter_cells.py)
-    assert len(cells) == 60
+    # reads those), 3 classes x 2 kills behind the mcp adapter
+    # (tests/crash/test_mcp_adapter_cells.py), and 4 runtimes
+    # (tests/crash/test_runtime_cells.py)
+    assert len(cells) == 64
 
 
 def test_safe_classes_leave_exactly_one_charge_in_the_target_table(matrix) -> None:
@@ -93,7 +94,8 @@ def test_agent_ledger_runs_under_the_same_kills(matrix) -> None:
     ledger = {
         (c["scenario"], c["case"]): c["ledger_effects"]
         for c in data["cells"]
-        if c["naive_effects"] is not None
+        # A runtime cell's baseline is the runtime alone (test_runtime_cells.py)
+        if c["naive_effects"] is not None and not c["scenario"].startswith(RUNTIME_PREFIX)
     }
     # A column next to every naive one: 24 kill cells and 4 concurrency cells.
     assert len(ledger) == 28

@@ -11,13 +11,13 @@ def names(cells: list[plan.CellId]) -> list[str]:
     return [cell.name for cell in cells]
 
 
-def test_a_full_run_plans_60_cells_with_unique_names() -> None:
+def test_a_full_run_plans_64_cells_with_unique_names() -> None:
     cells = plan.all_cells()
     # 4 classes x 6 failpoints, 4 concurrency cells, 3 zombies, 3 target-down,
     # 4 restarts, 1 restart under load, 15 edge cells, 3 classes x 2 kills behind
-    # the mcp adapter
-    assert len(cells) == 60
-    assert len(set(names(cells))) == 60
+    # the mcp adapter, 4 runtimes
+    assert len(cells) == 64
+    assert len(set(names(cells))) == 64
     # --only splits on commas: no cell name may hold one
     assert not [name for name in names(cells) if "," in name]
 
@@ -82,6 +82,18 @@ def test_mcp_glob_selects_the_mcp_adapter_cells_only() -> None:
         "idempotent",
         "reconcilable",
         "unsafe",
+    ]
+
+
+def test_only_runtime_selects_one_cell_per_runtime() -> None:
+    chosen = plan.select(plan.all_cells(), ["runtime"])
+    assert names(chosen) == [
+        f"runtime-{runtime}/killed after target commit"
+        for runtime in ("dbos", "langgraph", "celery", "temporal")
+    ]
+    assert {cell.kind for cell in chosen} == {plan.RUNTIME_KILL}
+    assert names(plan.select(plan.all_cells(), ["runtime-dbos"])) == [
+        "runtime-dbos/killed after target commit"
     ]
 
 
