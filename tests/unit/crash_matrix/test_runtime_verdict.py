@@ -36,7 +36,7 @@ def test_a_recovery_that_never_finished_fails_the_cell() -> None:
 
 def test_the_failpoint_is_armed_for_the_key_each_recipe_derives() -> None:
     assert recipe_key("dbos", "o") == "dbos:checkout-o:1"
-    assert recipe_key("langgraph", "o") == "langgraph:checkout-o::choose_key:1:charge"
+    assert recipe_key("langgraph", "o") == "langgraph:checkout-o:order%3Ao%3Acharge"
     assert recipe_key("celery", "o") == "celery:checkout-o-charge"
     assert recipe_key("temporal", "o") == "temporal:checkout-o:1"
 
