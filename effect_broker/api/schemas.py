@@ -11,6 +11,7 @@ from pydantic import ConfigDict
 
 from effect_broker.api.problems import PROBLEM_JSON, problem_type
 from effect_broker.domain.records import EffectRecord
+from effect_broker.domain.states import EffectStatus
 from effect_broker.services.inspection import ForkLinks
 
 
@@ -84,6 +85,10 @@ class EffectOut(Schema):
     #: proved what happened since. On a ``failed_final`` effect it means an operator
     #: gave up on it without proof that it did not take effect (issue 19, item 1).
     outcome_in_doubt: bool = False
+    #: While ``status`` is ``awaiting_approval``: when the wait ends (database
+    #: clock). Not approved by then, the effect ends failed_final (approval_expired)
+    #: and is never sent (issue 24). Null in every other status.
+    approval_deadline: datetime | None = None
 
 
 def effect_out(
@@ -104,11 +109,19 @@ def effect_out(
         "created_at": record.created_at,
         "updated_at": record.updated_at,
         "outcome_in_doubt": record.outcome_in_doubt,
+        "approval_deadline": approval_deadline(record),
         **flags,
     }
     if links is not None:
         out["forked_from"], out["forked_to"] = links.forked_from, links.forked_to
     return out
+
+
+def approval_deadline(record: EffectRecord) -> datetime | None:
+    """The deadline of an effect awaiting approval (its next action is its expiry)."""
+    if record.status is EffectStatus.AWAITING_APPROVAL:
+        return record.next_action_at
+    return None
 
 
 #: One example problem per error status, as the API answers it.

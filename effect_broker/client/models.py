@@ -18,6 +18,10 @@ from effect_broker.client.errors import BrokerError, from_problem
 SETTLED_STATUSES = frozenset({"succeeded", "failed_final", "compensated"})
 #: Statuses in which the broker is still finding out whether the effect happened.
 UNKNOWN_STATUSES = frozenset({"outcome_unknown", "reconciling"})
+#: Reserved and not sent: an operator must approve it first (``approval_deadline``
+#: says until when). ``wait`` keeps waiting through it, as through any status that
+#: may still change; nothing has happened at the target.
+APPROVAL_STATUSES = frozenset({"awaiting_approval"})
 
 
 def _time(value: object) -> datetime:
@@ -65,6 +69,9 @@ class Effect:
     #: proved what happened since; on ``failed_final``, an operator gave up on it
     #: without that proof (a broker that predates the field sends nothing: False).
     outcome_in_doubt: bool = False
+    #: While ``awaiting_approval``: when the wait ends; unapproved by then, the
+    #: effect ends failed_final and is never sent (None in any other status).
+    approval_deadline: datetime | None = None
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Effect:
@@ -87,6 +94,7 @@ class Effect:
             forked_from=_optional_str(body.get("forked_from")),
             forked_to=_optional_str(body.get("forked_to")),
             outcome_in_doubt=body.get("outcome_in_doubt") is True,
+            approval_deadline=_optional_time(body.get("approval_deadline")),
         )
 
     @property

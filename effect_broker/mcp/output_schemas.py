@@ -71,13 +71,16 @@ RECEIPT: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-#: A proxy call that answered before its effect settled.
+#: A proxy call that answered before its effect settled; one awaiting an operator's
+#: approval also says until when, and where the approval page is (issue 24).
 RUNNING: dict[str, Any] = {
     "type": "object",
     "properties": {
         "effect_id": _TEXT,
         "status": _STATUS,
         "done": {"const": False},
+        "approval_deadline": {"type": ["string", "null"], "format": "date-time"},
+        "approval_url": _TEXT_OR_NULL,
     },
     "required": ["effect_id", "status", "done"],
     "additionalProperties": False,

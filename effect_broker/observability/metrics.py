@@ -126,6 +126,13 @@ RETRY_BLOCKED = Counter(
     "the effect went to manual_review.",
     EFFECT_LABELS,
 )
+APPROVALS = Counter(
+    "effect_broker_approvals",
+    "Decisions on effects that waited for an operator's approval (issue 24): "
+    "approved, denied (by an operator) or expired (no decision before the "
+    "contract's approval_ttl). A denied or expired effect was never sent.",
+    (*EFFECT_LABELS, "decision"),
+)
 SUBMIT_SECONDS = Histogram(
     "effect_broker_submit_duration_seconds",
     "Time of a submit in the broker (validation, hashing, encryption, reservation).",
@@ -157,6 +164,7 @@ ALL = (
     STALE_WRITES,
     RETRY_RETENTION,
     RETRY_BLOCKED,
+    APPROVALS,
     SUBMIT_SECONDS,
     SUBMIT_TO_RECEIPT_SECONDS,
 )
@@ -248,3 +256,8 @@ def retry_retention(record: EffectRecord, database_now: datetime) -> None:
 def retry_blocked(record: EffectRecord) -> None:
     """A retry came due after the key's retention: refused, sent to an operator."""
     RETRY_BLOCKED.labels(*record_labels(record)).inc()
+
+
+def approval_decided(record: EffectRecord, decision: str) -> None:
+    """An effect awaiting approval was approved, denied or expired."""
+    APPROVALS.labels(*record_labels(record), decision).inc()

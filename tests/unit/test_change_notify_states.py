@@ -1,5 +1,6 @@
-"""Migration 0014 notifies only changes into the states listed there: every state in
-which a waiter (``services.awaiting``) may stop waiting must be among them."""
+"""Migration 0014 notifies only changes into the states listed there (0017 added
+``awaiting_approval``): every state in which a waiter (``services.awaiting``) may stop
+waiting must be among them."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ from types import SimpleNamespace
 from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.services.awaiting import settled_for_caller
 
-migration = importlib.import_module(
-    "effect_broker.migrations.0014_notify_settling_changes_only"
-)
+#: The migration that last set the trigger's list.
+migration = importlib.import_module("effect_broker.migrations.0017_awaiting_approval")
 
 
 def test_every_state_a_waiter_stops_in_is_notified() -> None:

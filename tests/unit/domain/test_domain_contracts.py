@@ -275,8 +275,9 @@ RULES = [
     pytest.param(
         _one(MINIMAL + "retry_limt = 5\n"),
         "contract 'p.x' v1: field 'retry_limt': unknown key; did you mean "
-        "'retry_limit'? (allowed: active, adapter, adapter_options, attempt_timeout, "
-        "backoff_initial, backoff_max, description, key_alphabet, key_retention, "
+        "'retry_limit'? (allowed: active, adapter, adapter_options, approval, "
+        "approval_ttl, approval_when, attempt_timeout, backoff_initial, backoff_max, "
+        "description, key_alphabet, key_retention, "
         "key_template, mcp, name, preview_fields, retry_limit, safety, sandbox, "
         "secrets, settlement_bound, tenant_secrets, tool, unknown_alert_after, "
         "upstream, version)",
