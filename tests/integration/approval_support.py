@@ -11,7 +11,7 @@ from typing import Any
 from effect_broker.domain.contracts import ContractRegistry, parse_contracts
 from effect_broker.domain.records import EffectRecord, EffectRequest
 from effect_broker.domain.states import SafetyClass
-from effect_broker.models import EffectAttempt, EffectEvent
+from effect_broker.models import EffectAttempt, EffectEvent, Tenant
 from effect_broker.services import runtime
 from effect_broker.services.submission import submit
 from tests.integration.engine.harness import CONTRACTS, Bench
@@ -62,16 +62,21 @@ def approval_contracts(extra: str = "") -> Iterator[None]:
 
 
 def charge(
-    bench: Bench, tool: str = APPROVED, *, key: str | None = None, **arguments: Any
+    bench: Bench,
+    tool: str = APPROVED,
+    *,
+    key: str | None = None,
+    tenant: Tenant | None = None,
+    **arguments: Any,
 ) -> EffectRecord:
-    """Submit one effect of ``tool`` for the bench's tenant."""
+    """Submit one effect of ``tool`` for ``tenant`` (default: the bench's)."""
     arguments = arguments or {"amount_minor": 120000, "currency": "EUR", "card": "tok_1"}
     request = EffectRequest(
         operation_key=key or f"order:{uuid.uuid4()}:charge",
         tool=tool,
         arguments=arguments,
     )
-    return submit(bench.tenant, request).effect
+    return submit(tenant or bench.tenant, request).effect
 
 
 def target_of(tool: str) -> SafetyClass:
