@@ -422,9 +422,8 @@ class ApprovalNotPendingError(IllegalTransitionError):
     remedy = (
         "Only an effect in `awaiting_approval` can be approved or denied. Read its "
         "status (`effect_status`): it never needed approval, or it was denied, or "
-        "its approval expired - a denied or expired effect is failed_final and is "
-        "never sent; the business operation needs a new submit under a new "
-        "operation key if it is still wanted."
+        "its approval expired - a denied or expired effect is failed_final and was "
+        "never sent, and no decision changes that."
     )
 
 
@@ -436,9 +435,10 @@ class ApprovalExpiredError(IllegalTransitionError):
     http_status = 409
     remedy = (
         "The contract's approval_ttl passed (on the database's clock) before an "
-        "operator approved the effect: it is failed_final and nothing was sent. If "
-        "the operation is still wanted, the caller submits it again under a new "
-        "operation key, and an operator approves that one in time."
+        "operator approved the effect: it is failed_final, nothing was sent and "
+        "nothing will be. Whether the business operation is still wanted is the "
+        "caller's decision; operators who need longer raise the contract's "
+        "approval_ttl."
     )
 
 

@@ -12,8 +12,8 @@ or it now asks for approval of an effect reserved before it did - sends the effe
 back to ``awaiting_approval`` (event ``approval_invalidated``, a fresh deadline, a new
 notice): nothing was sent, and an operator decides again on the terms now deployed.
 Why not ``failed_final``: the caller's operation is still wanted and still unsent;
-ending it would make the caller resubmit under a new operation key, the habit that
-duplicates charges everywhere else.
+ending it would push the caller to submit it again under a second identity, the habit
+that duplicates charges everywhere else.
 
 Later attempts of the same effect (a proved non-commit, a same-key resend) are the
 same approved request under the same downstream key: the approval was consumed by
