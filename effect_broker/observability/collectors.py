@@ -76,12 +76,16 @@ _NAMES = {
 }
 SCRAPE_SUCCESS = "effect_broker_ledger_scrape_success"
 THRESHOLD = "effect_broker_contract_unknown_age_threshold_seconds"
+#: Each approval-asking contract's ``approval_ttl``: the shipped alert compares the
+#: oldest waiting approval with it (issue 24).
+APPROVAL_TTL = "effect_broker_contract_approval_ttl_seconds"
 
 #: Every metric family this collector can export.
 METRIC_NAMES = (
     *(name for pair in _NAMES.values() for name in pair[:2]),
     SCRAPE_SUCCESS,
     THRESHOLD,
+    APPROVAL_TTL,
 )
 
 Row = tuple[str, str, str, str, str, int, float]
@@ -181,10 +185,28 @@ class LedgerCollector(Collector):
                 [contract.tool, contract.name, contract.version, contract.safety.value],
                 unknown_age_threshold(None if limit is None else limit.total_seconds()),
             )
+        ttl = GaugeMetricFamily(
+            APPROVAL_TTL,
+            "How long an effect of a contract that asks for approval waits for one "
+            "(approval_ttl) before it expires unsent.",
+            labels=EFFECT_LABELS,
+        )
+        for contract in _each(contracts):
+            if contract.approval is not None:
+                ttl.add_metric(
+                    [
+                        contract.tool,
+                        contract.name,
+                        contract.version,
+                        contract.safety.value,
+                    ],
+                    contract.approval.ttl.total_seconds(),
+                )
         for count_family, age_family in families.values():
             yield count_family
             yield age_family
         yield threshold
+        yield ttl
         yield success
 
 
