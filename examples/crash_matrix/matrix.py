@@ -22,6 +22,7 @@ from effect_broker.domain.states import EffectStatus
 from effect_broker.failpoints import FAILPOINTS
 from effect_broker.models import EffectEvent
 from examples.crash_matrix import plan
+from examples.crash_matrix.approval_cells import approval_cell_jobs
 from examples.crash_matrix.cells import (
     CellResult,
     charge_body,
@@ -72,6 +73,7 @@ RUNNABLE = frozenset(
         plan.DB_RESTART_LOAD,
         plan.EDGE,
         plan.MCP_KILL,
+        plan.APPROVAL,
     }
 )
 
@@ -219,12 +221,15 @@ def _run_cells(
     kinds: dict[str, list[str]] = {}
     kills = []
     mcp_kills = []
+    approval_cases: set[str] = set()
     edges: set[tuple[str, str]] = set()
     for cell in chosen:
         if cell.kind == plan.KILL:
             kills.append((cell.scenario, cell.case))
         elif cell.kind == plan.MCP_KILL:
             mcp_kills.append((cell.scenario, cell.case))
+        elif cell.kind == plan.APPROVAL:
+            approval_cases.add(cell.case)
         elif cell.kind == plan.EDGE:
             edges.add((cell.scenario, cell.case))
         else:
@@ -258,6 +263,9 @@ def _run_cells(
         parallel,
         report,
     )
+    # Issue 24: approved, killed, denied, expired, approved at once (no baselines:
+    # neither has an approval step to compare).
+    results += _in_pool(approval_cell_jobs(rig, run_id, approval_cases), parallel, report)
     results += _in_pool(
         [
             lambda s=s: _concurrent(rig, s, run_id, ledger)
@@ -318,8 +326,9 @@ def run_matrix(
     report.say(
         f"crash matrix: {len(SCENARIOS)} safety classes x {len(FAILPOINTS)} kill points, "
         f"plus concurrency, zombie, target-down, database-restart and "
-        f"{len(plan.EDGE_CASES)} edge faults, and {len(plan.MCP_SCENARIOS)} classes "
-        f"behind the mcp adapter ({where}, "
+        f"{len(plan.EDGE_CASES)} edge faults, {len(plan.MCP_SCENARIOS)} classes "
+        f"behind the mcp adapter, and {len(plan.APPROVAL_CASES)} approval cells "
+        f"({where}, "
         f"{workers} real worker processes)"
     )
     if only:

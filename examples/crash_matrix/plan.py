@@ -38,6 +38,28 @@ MCP_PREFIX = "mcp-"
 MCP_SCENARIOS = [f"{MCP_PREFIX}{s}" for s in ("idempotent", "reconcilable", "unsafe")]
 #: The kills that matter for an adapter: the target committed, the receipt did not.
 MCP_FAILPOINTS = ("after_target_commit", "before_receipt_commit")
+#: Issue 24's cells (examples/crash_matrix/approval_cells.py): scenario ``approval``,
+#: so ``--only approval`` runs just these.
+APPROVAL = "approval"
+#: The worker's kill points after an operator's approval: each must leave one charge.
+APPROVAL_KILLS = (
+    "before_request_write",
+    "after_target_commit",
+    "before_receipt_commit",
+    "after_receipt_commit",
+)
+APPROVED_KILLED = "approved then killed at {failpoint}"
+REDELIVERED = "approved with the submit redelivered 3x"
+DENIED = "denied"
+EXPIRED = "expired"
+CONCURRENT_APPROVALS = "concurrent approvals"
+APPROVAL_CASES: list[str] = [
+    *(APPROVED_KILLED.format(failpoint=fp) for fp in APPROVAL_KILLS),
+    REDELIVERED,
+    DENIED,
+    EXPIRED,
+    CONCURRENT_APPROVALS,
+]
 
 
 def safety_of(scenario: str) -> str:
@@ -97,6 +119,7 @@ def all_cells() -> list[CellId]:
     cells += [CellId(DB_RESTART_LOAD, "idempotent", DB_RESTART_LOAD)]
     cells += [CellId(EDGE, s, case) for s, case in EDGE_CASES]
     cells += [CellId(MCP_KILL, s, fp) for s in MCP_SCENARIOS for fp in MCP_FAILPOINTS]
+    cells += [CellId(APPROVAL, APPROVAL, case) for case in APPROVAL_CASES]
     return cells
 
 
@@ -124,7 +147,7 @@ def select(cells: list[CellId], patterns: list[str]) -> list[CellId]:
         if not any(matches(pattern, cell.name) for cell in cells):
             raise ValueError(
                 f"--only {pattern!r} matches no cell; cells are named scenario/case, "
-                f"scenarios {', '.join([*SCENARIOS, *MCP_SCENARIOS])}, cases "
+                f"scenarios {', '.join([*SCENARIOS, *MCP_SCENARIOS, APPROVAL])}, cases "
                 f"{', '.join(dict.fromkeys(cell.case for cell in cells))}"
             )
     names = {cell.name.lower() for cell in cells}
