@@ -27,8 +27,11 @@ from effect_broker.domain.errors import (
     ApprovalNotPendingError,
     OperatorForbiddenError,
 )
+from effect_broker.domain.records import EffectRequest
 from effect_broker.domain.states import EffectStatus, SafetyClass
+from effect_broker.scheduling import ProcrastinateScheduler
 from effect_broker.services import approvals, runtime, sweeper
+from effect_broker.services.batch_submission import CREATED, submit_many
 from effect_broker.services.dispatch import dispatch
 from effect_broker.services.runtime import get_runtime
 from tests.integration.approval_support import (
@@ -387,3 +390,63 @@ def test_a_replayed_submit_returns_the_waiting_effect_and_queues_nothing(
     assert replay.status is S.SUCCEEDED
     assert dispatch_jobs(approving, first) == 1
     assert (sent(approving), approving.target_rows(first)) == (1, 1)
+
+
+# --- a batch ---------------------------------------------------------------------------
+
+
+def test_a_batch_reserves_each_item_as_its_contract_says(approving: Bench) -> None:
+    # Given a batch of a small amount (no approval) and a large one (approval)
+    small = EffectRequest(
+        operation_key="batch:small", tool=LARGE, arguments={"amount_minor": 100}
+    )
+    large = EffectRequest(
+        operation_key="batch:large", tool=LARGE, arguments={"amount_minor": 90000}
+    )
+    before = db_now(approving)
+    results = submit_many(approving.tenant, [small, large])
+    after = db_now(approving)
+    assert [r.outcome for r in results] == [CREATED, CREATED]
+    prepared, waiting = (r.effect for r in results)
+    assert prepared is not None
+    assert waiting is not None
+    # Then the small one is prepared with its dispatch job, the large one waits (its
+    # 10 minute deadline on the database's clock, its first event saying so), unsent
+    assert prepared.status is S.PREPARED
+    assert dispatch_jobs(approving, prepared) == 1
+    assert waiting.status is S.AWAITING_APPROVAL
+    assert dispatch_jobs(approving, waiting) == 0
+    assert waiting.next_action_at is not None
+    assert before + timedelta(minutes=10) <= waiting.next_action_at
+    assert waiting.next_action_at <= after + timedelta(minutes=10)
+    assert events(waiting)[0][:2] == ("reserved", "awaiting_approval")
+    assert store.verify_event_chain(waiting.effect_id) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_queues_dispatch_jobs_only_for_the_items_that_need_no_approval(
+    approving: Bench,
+) -> None:
+    requests = [
+        EffectRequest(
+            operation_key=f"batch:jobs:{amount}",
+            tool=LARGE,
+            arguments={"amount_minor": amount},
+        )
+        for amount in (100, 90000, 200)
+    ]
+    # With the real scheduler: the jobs ride in the batch's one statement
+    with runtime.override(scheduler=ProcrastinateScheduler()):
+        results = submit_many(approving.tenant, requests)
+    ids = [r.effect.effect_id for r in results if r.effect is not None]
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT args->>'effect_id', task_name FROM procrastinate_jobs "
+            "WHERE args->>'effect_id' = ANY(%s)",
+            [ids],
+        )
+        jobs = dict(cur.fetchall())
+    assert jobs == {
+        ids[0]: "effect_broker.dispatch_effect",
+        ids[2]: "effect_broker.dispatch_effect",
+    }
