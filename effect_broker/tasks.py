@@ -64,8 +64,9 @@ def reconcile_effect(context: JobContext, effect_id: str) -> None:
     )
 
 
-#: The approval webhook's retries: waits of 2, 4, 8 ... 128 s (about 4 minutes in
-#: all) before the job is left failed (the admin's linked jobs show it).
+#: The approval webhook's retries: 7 attempts, the waits doubling up to about 2
+#: minutes (about 4 minutes in all), then the job is left failed (the admin's linked
+#: jobs show it).
 NOTICE_RETRY = RetryStrategy(max_attempts=7, exponential_wait=2)
 
 
