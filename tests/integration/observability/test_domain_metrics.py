@@ -130,6 +130,7 @@ def test_no_series_carries_a_tenant_an_operation_key_or_an_effect_id(bench):
         "cause",
         "outcome",
         "stage",
+        "decision",  # approved | denied | expired (issue 24)
         "le",
     }
 
