@@ -286,6 +286,35 @@ EFFECT_BROKER_MAX_BATCH_ITEMS = _positive_int("EFFECT_BROKER_MAX_BATCH_ITEMS", 1
 EFFECT_BROKER_PROBLEM_BASE_URL = (
     os.environ.get("EFFECT_BROKER_PROBLEM_BASE_URL", "").strip() or "/problems/"
 )
+
+
+def _http_url(name: str) -> str:
+    """An http(s) URL from the environment, or "" when unset; one line if malformed."""
+    value = os.environ.get(name, "").strip()
+    if value and not value.startswith(("https://", "http://")):
+        from effect_broker.domain.errors import ConfigurationError
+
+        raise ConfigurationError(f"{name} must be an http(s):// URL, got {value!r}")
+    return value
+
+
+#: Where callers and operators reach this broker (https://broker.example.com), when it
+#: knows: the approval page's address in MCP answers and approval notices (issue 24).
+EFFECT_BROKER_PUBLIC_URL = _http_url("EFFECT_BROKER_PUBLIC_URL")
+#: The optional approval webhook (effect_broker/services/approval_notices.py): a
+#: Slack-compatible notice of every effect that starts awaiting approval, signed with
+#: the secret (HMAC-SHA256), which is therefore required with the URL.
+EFFECT_BROKER_APPROVAL_WEBHOOK_URL = _http_url("EFFECT_BROKER_APPROVAL_WEBHOOK_URL")
+EFFECT_BROKER_APPROVAL_WEBHOOK_SECRET = os.environ.get(
+    "EFFECT_BROKER_APPROVAL_WEBHOOK_SECRET", ""
+).strip()
+if EFFECT_BROKER_APPROVAL_WEBHOOK_URL and not EFFECT_BROKER_APPROVAL_WEBHOOK_SECRET:
+    from effect_broker.domain.errors import ConfigurationError
+
+    raise ConfigurationError(
+        "EFFECT_BROKER_APPROVAL_WEBHOOK_URL needs EFFECT_BROKER_APPROVAL_WEBHOOK_SECRET "
+        "(the notices are signed with it)"
+    )
 #: Per-tenant submits per second in each API process (0 turns the limit off) and the
 #: burst a quiet tenant may spend at once (effect_broker.api.rate_limit; issue 12).
 EFFECT_BROKER_TENANT_SUBMIT_RATE = _non_negative(

@@ -30,6 +30,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from effect_broker import admin_console as console
+from effect_broker.admin_approvals import ApprovalViews, amount_of
 from effect_broker.admin_forms import ForkForm, ReasonForm, ResolveForm
 from effect_broker.admin_ledger import ReadOnlyAdmin
 from effect_broker.admin_login import ThrottledAdminLoginForm
@@ -58,7 +59,7 @@ admin.site.login_form = ThrottledAdminLoginForm
 
 
 @admin.register(EffectIntent)
-class EffectIntentAdmin(ReadOnlyAdmin):
+class EffectIntentAdmin(ApprovalViews, ReadOnlyAdmin):
     """Effects: a coloured changelist, the operator queue, and the effect page."""
 
     # Status and age first: they are what an operator scans for (issue 11).
@@ -148,7 +149,11 @@ class EffectIntentAdmin(ReadOnlyAdmin):
 
     @admin.display(description="resolve")
     def resolve_link(self, obj: EffectIntent) -> str:
-        """Links to the resolution and fork forms for effects an operator may settle."""
+        """Links to the resolution and fork forms for effects an operator may settle,
+        and to the approval block of an effect awaiting approval."""
+        if obj.status == EffectStatus.AWAITING_APPROVAL:
+            page = reverse("admin:effect_broker_effectintent_change", args=[obj.pk])
+            return format_html('<a href="{}#approval">approve or deny…</a>', page)
         if obj.status not in RESOLVABLE:
             return ""
         resolve = reverse("admin:effect_broker_effectintent_resolve", args=[obj.pk])
@@ -202,7 +207,7 @@ class EffectIntentAdmin(ReadOnlyAdmin):
                 name="effect_broker_effectintent_fork",
             ),
         ]
-        return [*extra, *super().get_urls()]
+        return [*extra, *self.approval_urls(), *super().get_urls()]
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -271,7 +276,13 @@ class EffectIntentAdmin(ReadOnlyAdmin):
             "jobs": console.linked_jobs(intent),
             "choices": choices,
             "may_resolve": may_resolve,
-            "awaiting_operator": may_resolve and intent.status in RESOLVABLE,
+            # The full arguments, an audited read: while an operator must decide.
+            "awaiting_operator": may_resolve
+            and (
+                intent.status in RESOLVABLE
+                or intent.status == EffectStatus.AWAITING_APPROVAL
+            ),
+            **self.approval_context(request, intent),
             "fork_open": "fork" not in closed,
             "resolve_form": ResolveForm(closed=closed) if may_resolve else None,
             # Its own ids: both forms have a reason and an evidence field.
@@ -432,6 +443,8 @@ class EffectIntentAdmin(ReadOnlyAdmin):
             response.context_data = {
                 **(response.context_data or {}),
                 "arguments": json.dumps(arguments, indent=2, ensure_ascii=False),
+                # What an approval decides on (issue 24): the value its rule tests.
+                "amount": amount_of(intent, arguments),
             }
         return response
 

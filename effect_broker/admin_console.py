@@ -33,8 +33,13 @@ from effect_broker.services.runtime import get_runtime
 
 #: The queue's statuses: an unsafe unknown can only be settled by a person, and a
 #: manual_review effect is one a worker handed over; a non-unsafe unknown waits for
-#: reconciliation, but an operator may settle it sooner, so it is listed too.
-QUEUE_STATUSES: tuple[str, ...] = tuple(sorted(s.value for s in RESOLVABLE))
+#: reconciliation, but an operator may settle it sooner, so it is listed too. An
+#: effect awaiting approval waits for a person's decision (issue 24).
+QUEUE_STATUSES: tuple[str, ...] = tuple(
+    sorted({s.value for s in RESOLVABLE} | {EffectStatus.AWAITING_APPROVAL.value})
+)
+#: The statuses an operator resolves or forks (the rest of the queue is approved).
+RESOLVABLE_VALUES = frozenset(s.value for s in RESOLVABLE)
 
 #: How many queue rows one page shows (oldest first; the count shows them all).
 QUEUE_PAGE = 200
@@ -59,6 +64,8 @@ def status_tone(status: str, safety: str) -> StatusTone:
         status == EffectStatus.OUTCOME_UNKNOWN and safety == SafetyClass.UNSAFE
     ):
         return StatusTone("eb-tone-operator", "Needs operator")
+    if status == EffectStatus.AWAITING_APPROVAL:
+        return StatusTone("eb-tone-approval", "Awaiting approval")
     if status == EffectStatus.OUTCOME_UNKNOWN:
         return StatusTone("eb-tone-unknown", "Unknown, reconciling")
     if is_terminal(EffectStatus(status)):
@@ -151,6 +158,16 @@ def last_attempts(effect_ids: Iterable[Any]) -> dict[str, AttemptFacts]:
     return {str(row.effect_id): attempt_facts(row) for row in rows}
 
 
+def time_left(deadline: datetime | None, now: datetime | None = None) -> str:
+    """How long until ``deadline`` (an approval's), or ``expired``."""
+    if deadline is None:
+        return "-"
+    moment = now or timezone.now()
+    if deadline <= moment:
+        return "expired"
+    return age_of(moment, deadline)
+
+
 @dataclass(frozen=True, slots=True)
 class QueueRow:
     """One line of the "Needs an operator" queue."""
@@ -160,6 +177,8 @@ class QueueRow:
     waiting: str
     tone: StatusTone
     last_attempt: AttemptFacts | None
+    #: Awaiting approval: how long the operator has left (its deadline), else "".
+    approval_left: str = ""
 
 
 def queue_rows(limit: int = QUEUE_PAGE) -> list[QueueRow]:
@@ -174,6 +193,9 @@ def queue_rows(limit: int = QUEUE_PAGE) -> list[QueueRow]:
             waiting=age_of(i.updated_at, now),
             tone=status_tone(i.status, i.safety_class),
             last_attempt=attempts.get(str(i.pk)),
+            approval_left=time_left(i.next_action_at, now)
+            if i.status == EffectStatus.AWAITING_APPROVAL
+            else "",
         )
         for i in intents
     ]
@@ -273,7 +295,7 @@ def choices(intent: EffectIntent) -> list[Choice]:
     """The three resolutions and the fork, each marked open or refused for this effect
     as the services would decide now (``services.operator_steps``; the services check
     again on submit, and their answer is the one that counts)."""
-    if intent.status not in QUEUE_STATUSES:
+    if intent.status not in RESOLVABLE_VALUES:
         note = f"the effect is {intent.status}; only outcome_unknown or manual_review "
         note += "effects are resolved or forked"
         return [
@@ -365,5 +387,6 @@ __all__ = [
     "queue_count",
     "queue_rows",
     "status_tone",
+    "time_left",
     "timeline",
 ]

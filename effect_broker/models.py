@@ -181,7 +181,9 @@ class EffectIntent(LedgerModel):
             models.Index(
                 fields=["status"],
                 name="effect_intents_awaiting_idx",
-                condition=models.Q(status__in=["outcome_unknown", "manual_review"]),
+                condition=models.Q(
+                    status__in=["outcome_unknown", "manual_review", "awaiting_approval"]
+                ),
             ),
         ]
 

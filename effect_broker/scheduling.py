@@ -33,31 +33,63 @@ _manager = manager.JobManager(DjangoConnector())
 #: The engine's job names (``effect_broker.tasks`` registers them under these).
 DISPATCH_TASK = "effect_broker.dispatch_effect"
 RECONCILE_TASK = "effect_broker.reconcile_effect"
+#: The operators' notice of an effect awaiting approval (the webhook; issue 24).
+NOTIFY_APPROVAL_TASK = "effect_broker.notify_approval"
 
 
 def _configure(
-    task_name: str, *, effect_id: str, kind: str, at: datetime | None
+    task_name: str,
+    *,
+    effect_id: str,
+    kind: str,
+    at: datetime | None,
+    locked: bool = True,
 ) -> jobs.Job:
     # allow_unknown=False: a typo must fail here, not queue a job no worker runs.
     return app.configure_task(
         task_name,
         allow_unknown=False,
         # One running job per effect across dispatch and reconcile (procrastinate lock),
-        # and at most one queued job per effect and kind (queueing lock).
-        lock=f"effect:{effect_id}",
+        # and at most one queued job per effect and kind (queueing lock). A notice
+        # takes no effect lock: procrastinate runs a lock's jobs in order, so a notice
+        # waiting for its retry would hold back the dispatch its approval queued.
+        lock=f"effect:{effect_id}" if locked else None,
         queueing_lock=f"{kind}:{effect_id}",
         schedule_at=at,
     ).job
 
 
-def _defer(task_name: str, *, effect_id: str, kind: str, at: datetime | None) -> None:
-    job = _configure(task_name, effect_id=effect_id, kind=kind, at=at)
+def _defer(
+    task_name: str,
+    *,
+    effect_id: str,
+    kind: str,
+    at: datetime | None,
+    locked: bool = True,
+) -> None:
+    job = _configure(task_name, effect_id=effect_id, kind=kind, at=at, locked=locked)
     try:
         with transaction.atomic():
             jobs.JobDeferrer(job_manager=_manager, job=job).defer(effect_id=effect_id)
     except exceptions.AlreadyEnqueued:
         # A job for this effect is already waiting; it reads the ledger when it runs.
         pass
+
+
+def _queued(
+    task_name: str, *, effect_id: str, kind: str, locked: bool = True
+) -> QueuedJob:
+    """A job as the row a reservation statement inserts with its intent."""
+    job = _configure(task_name, effect_id=effect_id, kind=kind, at=None, locked=locked)
+    return QueuedJob(
+        queue_name=job.queue,
+        task_name=job.task_name,
+        priority=job.priority,
+        lock=job.lock,
+        queueing_lock=job.queueing_lock,
+        args={"effect_id": effect_id},
+        scheduled_at=job.scheduled_at,
+    )
 
 
 class ProcrastinateScheduler:
@@ -69,15 +101,22 @@ class ProcrastinateScheduler:
 
     def reservation_job(self, effect_id: str) -> QueuedJob:
         """``dispatch_effect(effect_id)`` as the row the reservation inserts."""
-        job = _configure(DISPATCH_TASK, effect_id=effect_id, kind="dispatch", at=None)
-        return QueuedJob(
-            queue_name=job.queue,
-            task_name=job.task_name,
-            priority=job.priority,
-            lock=job.lock,
-            queueing_lock=job.queueing_lock,
-            args={"effect_id": effect_id},
-            scheduled_at=job.scheduled_at,
+        return _queued(DISPATCH_TASK, effect_id=effect_id, kind="dispatch")
+
+    def approval_notice_job(self, effect_id: str) -> QueuedJob:
+        """``notify_approval(effect_id)`` as the row the reservation inserts."""
+        return _queued(
+            NOTIFY_APPROVAL_TASK, effect_id=effect_id, kind="notice", locked=False
+        )
+
+    def notify_approval(self, effect_id: str) -> None:
+        """Defer ``notify_approval`` (an effect waits for an operator again)."""
+        _defer(
+            NOTIFY_APPROVAL_TASK,
+            effect_id=effect_id,
+            kind="notice",
+            at=None,
+            locked=False,
         )
 
     def reconcile(self, effect_id: str, *, at: datetime | None = None) -> None:
@@ -102,3 +141,11 @@ class RecordingScheduler:
     def reservation_job(self, effect_id: str) -> None:
         """No job row: submit calls ``dispatch``, which records the request."""
         return None
+
+    def approval_notice_job(self, effect_id: str) -> None:
+        """No job row: submit calls ``notify_approval``, which records the request."""
+        return None
+
+    def notify_approval(self, effect_id: str) -> None:
+        """Record a notice request."""
+        self.requests.append(("notify_approval", effect_id, None))

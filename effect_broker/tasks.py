@@ -15,14 +15,14 @@ from datetime import timedelta
 from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import DatabaseError, transaction
-from procrastinate import JobContext, exceptions, manager, utils
+from procrastinate import JobContext, RetryStrategy, exceptions, manager, utils
 from procrastinate import sql as procrastinate_sql
 from procrastinate.contrib.django import app
 from procrastinate.contrib.django.django_connector import DjangoConnector
 from procrastinate.jobs import Status
 
-from effect_broker.scheduling import DISPATCH_TASK, RECONCILE_TASK
-from effect_broker.services import dispatch, reconcile, sweeper
+from effect_broker.scheduling import DISPATCH_TASK, NOTIFY_APPROVAL_TASK, RECONCILE_TASK
+from effect_broker.services import approval_notices, dispatch, reconcile, sweeper
 from effect_broker.services.runtime import get_runtime
 from effect_broker.store.lock_waits import gave_up_waiting, try_sweep_lock
 
@@ -62,6 +62,24 @@ def reconcile_effect(context: JobContext, effect_id: str) -> None:
         effect_id,
         lambda: reconcile.reconcile(effect_id, worker=_actor(context)),
     )
+
+
+#: The approval webhook's retries: 7 attempts, the waits doubling up to about 2
+#: minutes (about 4 minutes in all), then the job is left failed (the admin's linked
+#: jobs show it).
+NOTICE_RETRY = RetryStrategy(max_attempts=7, exponential_wait=2)
+
+
+@app.task(
+    queue="maintenance",
+    name=NOTIFY_APPROVAL_TASK,
+    pass_context=True,
+    retry=NOTICE_RETRY,
+)
+def notify_approval(context: JobContext, effect_id: str) -> None:
+    """POST the approval webhook's notice for one effect awaiting approval (off the
+    request path; a failed POST fails the job, which is retried)."""
+    approval_notices.send_notice(effect_id)
 
 
 def retry_later_if_busy(kind: str, effect_id: str, work: Callable[[], object]) -> None:

@@ -1,4 +1,4 @@
-"""The operator surface: resolution and forks, behind an operator token.
+"""The operator surface: resolution, forks and approvals, behind an operator token.
 
 Issue 9, defect 5: these routes took the tenant's submit key and an operator name from
 the body, so an agent could resolve (and requeue) its own effects. Now they take only
@@ -20,7 +20,13 @@ from pydantic import ConfigDict
 
 from effect_broker.api.schemas import EffectOut, effect_out, with_problems
 from effect_broker.domain.keys import MAX_OPERATION_KEY_LENGTH
-from effect_broker.services import forking, inspection, operators, resolution
+from effect_broker.services import (
+    approvals,
+    forking,
+    inspection,
+    operators,
+    resolution,
+)
 from effect_broker.services.operator_steps import MAX_REASON_CHARS
 from effect_broker.services.resolution import Resolution
 
@@ -64,6 +70,15 @@ class ForkIn(Schema):
     new_operation_key: str = Field(min_length=1, max_length=MAX_OPERATION_KEY_LENGTH)
     reason: str = Field(pattern=REQUIRED_TEXT, max_length=MAX_REASON_CHARS)
     evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class DecisionIn(Schema):
+    """POST /v1/effects/{id}/approve and /deny body: why (recorded in the event, with
+    the operator: the token's user)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(pattern=REQUIRED_TEXT, max_length=MAX_REASON_CHARS)
 
 
 class ForkOut(Schema):
@@ -118,3 +133,38 @@ def fork_effect(
             "new": effect_out(forked.new, links=inspection.fork_links(forked.new)),
         },
     )
+
+
+@router.post(
+    "/v1/effects/{effect_id}/approve",
+    response=with_problems({200: EffectOut}, 403, 404, 409, 415),
+    summary="Approve an effect awaiting approval: it is dispatched once, bound to its "
+    "payload and pinned contract (409 already_approved, approval_expired, "
+    "approval_not_pending)",
+)
+def approve_effect(
+    request: HttpRequest, effect_id: str, body: DecisionIn
+) -> dict[str, Any]:
+    record = approvals.approve(
+        inspection.tenant_of(effect_id),
+        effect_id,
+        operator=request.auth,  # type: ignore[attr-defined]
+        reason=body.reason,
+    )
+    return effect_out(record)
+
+
+@router.post(
+    "/v1/effects/{effect_id}/deny",
+    response=with_problems({200: EffectOut}, 403, 404, 409, 415),
+    summary="Deny an effect awaiting approval: failed_final, never sent (409 "
+    "already_approved, approval_expired, approval_not_pending)",
+)
+def deny_effect(request: HttpRequest, effect_id: str, body: DecisionIn) -> dict[str, Any]:
+    record = approvals.deny(
+        inspection.tenant_of(effect_id),
+        effect_id,
+        operator=request.auth,  # type: ignore[attr-defined]
+        reason=body.reason,
+    )
+    return effect_out(record)

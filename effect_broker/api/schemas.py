@@ -12,6 +12,7 @@ from pydantic import ConfigDict
 from effect_broker.api.problems import PROBLEM_JSON, problem_type
 from effect_broker.domain.pauses import Pause
 from effect_broker.domain.records import EffectRecord
+from effect_broker.domain.states import EffectStatus
 from effect_broker.services.inspection import ForkLinks
 
 
@@ -99,6 +100,10 @@ class EffectOut(Schema):
     #: Set while an operator's pause holds the effect (issue 24): its next send
     #: waits for the pause to be resumed. Null otherwise.
     paused: PausedOut | None = None
+    #: While ``status`` is ``awaiting_approval``: when the wait ends (database
+    #: clock). Not approved by then, the effect ends failed_final (approval_expired)
+    #: and is never sent (issue 24). Null in every other status.
+    approval_deadline: datetime | None = None
 
 
 def paused_out(pause: Pause | None) -> dict[str, Any] | None:
@@ -136,11 +141,19 @@ def effect_out(
         "updated_at": record.updated_at,
         "outcome_in_doubt": record.outcome_in_doubt,
         "paused": paused_out(pause),
+        "approval_deadline": approval_deadline(record),
         **flags,
     }
     if links is not None:
         out["forked_from"], out["forked_to"] = links.forked_from, links.forked_to
     return out
+
+
+def approval_deadline(record: EffectRecord) -> datetime | None:
+    """The deadline of an effect awaiting approval (its next action is its expiry)."""
+    if record.status is EffectStatus.AWAITING_APPROVAL:
+        return record.next_action_at
+    return None
 
 
 #: One example problem per error status, as the API answers it.

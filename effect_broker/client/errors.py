@@ -201,6 +201,24 @@ class IllegalTransition(BrokerError):
     mirrors = domain.IllegalTransitionError
 
 
+class AlreadyApproved(IllegalTransition):
+    """The effect was already approved; a second approval sends nothing."""
+
+    mirrors = domain.AlreadyApprovedError
+
+
+class ApprovalNotPending(IllegalTransition):
+    """The effect is not awaiting approval."""
+
+    mirrors = domain.ApprovalNotPendingError
+
+
+class ApprovalExpired(IllegalTransition):
+    """The time to approve the effect ran out; it was never sent."""
+
+    mirrors = domain.ApprovalExpiredError
+
+
 class AppendOnly(BrokerError):
     """Receipts and events cannot be changed or deleted."""
 

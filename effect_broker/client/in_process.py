@@ -31,6 +31,7 @@ from effect_broker.client.models import (
 )
 from effect_broker.domain.errors import EffectBrokerError
 from effect_broker.domain.records import EffectRecord, EffectRequest
+from effect_broker.domain.states import EffectStatus
 from effect_broker.models import Tenant
 from effect_broker.services import inspection, pauses
 from effect_broker.services.batch_submission import CREATED, REPLAYED, submit_many
@@ -72,6 +73,11 @@ def _effect(record: EffectRecord, **extra: Any) -> Effect:
         created_at=_wire_time(record.created_at),
         updated_at=_wire_time(record.updated_at),
         outcome_in_doubt=record.outcome_in_doubt,
+        approval_deadline=_optional_wire_time(
+            record.next_action_at
+            if record.status is EffectStatus.AWAITING_APPROVAL
+            else None
+        ),
         **extra,
     )
 

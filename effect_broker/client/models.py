@@ -18,6 +18,10 @@ from effect_broker.client.errors import BrokerError, from_problem
 SETTLED_STATUSES = frozenset({"succeeded", "failed_final", "compensated"})
 #: Statuses in which the broker is still finding out whether the effect happened.
 UNKNOWN_STATUSES = frozenset({"outcome_unknown", "reconciling"})
+#: Reserved and not sent: an operator must approve it first (``approval_deadline``
+#: says until when). ``wait`` keeps waiting through it, as through any status that
+#: may still change; nothing has happened at the target.
+APPROVAL_STATUSES = frozenset({"awaiting_approval"})
 
 
 def _time(value: object) -> datetime:
@@ -90,6 +94,9 @@ class Effect:
     outcome_in_doubt: bool = False
     #: Set while an operator's pause holds the effect (issue 24): why it waits.
     paused: Paused | None = None
+    #: While ``awaiting_approval``: when the wait ends; unapproved by then, the
+    #: effect ends failed_final and is never sent (None in any other status).
+    approval_deadline: datetime | None = None
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Effect:
@@ -113,6 +120,7 @@ class Effect:
             forked_to=_optional_str(body.get("forked_to")),
             outcome_in_doubt=body.get("outcome_in_doubt") is True,
             paused=Paused.from_wire(body.get("paused")),
+            approval_deadline=_optional_time(body.get("approval_deadline")),
         )
 
     @property

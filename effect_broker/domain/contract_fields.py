@@ -173,6 +173,35 @@ CONTRACT: tuple[ContractField, ...] = (
         '"{key}"',
     ),
     ContractField(
+        "approval",
+        {"enum": ["required"]},
+        "Every effect waits in awaiting_approval until an operator approves it (or "
+        "denies it; docs: how-to/approvals). Not with approval_when.",
+    ),
+    ContractField(
+        "approval_when",
+        {
+            "type": "object",
+            "properties": {
+                "pointer": {"type": "string", "pattern": "^/"},
+                "above": {"type": "number"},
+            },
+            "required": ["pointer", "above"],
+            "additionalProperties": False,
+        },
+        'An effect waits for approval when the JSON pointer ("/amount_minor") names '
+        "a number greater than above in its arguments, or anything that is not a "
+        "number (missing included). Not with approval.",
+    ),
+    ContractField(
+        "approval_ttl",
+        DURATION,
+        "How long an effect waits for approval, on the database's clock; then it "
+        "ends failed_final (approval_expired), never sent. Only with approval or "
+        "approval_when.",
+        "1h",
+    ),
+    ContractField(
         "key_alphabet",
         {"enum": ["base64url", "hex"]},
         "hex: the same key as 64 lowercase hex digits, which never start with '-' "

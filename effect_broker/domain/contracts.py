@@ -39,6 +39,9 @@ File format (``contracts.toml``)::
     rate_limit = 50                # at most 50 attempts per second (+1 in any one
                                    #   second); both optional, waits never fail
     description = "Charge a card"  # optional
+    approval = "required"          # every effect waits for an operator's approval
+    # approval_when = { pointer = "/amount_minor", above = 50000 }   # or only some
+    approval_ttl = "1h"            # then failed_final (approval_expired); default 1h
     [contract.adapter_options]     # optional table, passed to the adapter as is
     url = "http://127.0.0.1:8081/charges"
     [contract.mcp]                 # optional: the tool's face on the MCP server;
@@ -143,6 +146,7 @@ from typing import Any, NoReturn
 import jsonschema
 
 from effect_broker.domain import contract_fields
+from effect_broker.domain.approval import ApprovalRule, parse_rule
 from effect_broker.domain.dispatch_limits import DispatchLimits
 from effect_broker.domain.errors import (
     ContractError,
@@ -271,6 +275,9 @@ class EffectContract:
     max_in_flight: int | None = None
     #: At most this many attempts per second across every worker; None: no limit.
     rate_limit: float | None = None
+    #: When an effect must wait for an operator's approval before any send (issue
+    #: 24; ``domain/approval.py``): None, the default, never.
+    approval: ApprovalRule | None = None
 
     def __post_init__(self) -> None:
         # Contracts built in code get the same invariants as contracts from a file;
@@ -331,6 +338,8 @@ class EffectContract:
             self._fail("sandbox", "must be true or false")
         self._check_key_spelling()
         self._check_limits()
+        if self.approval is not None and not isinstance(self.approval, ApprovalRule):
+            self._fail("approval", "must be an ApprovalRule")
         if self.mcp is not None and not isinstance(self.mcp, McpFace):
             self._fail("mcp", "must be an McpFace")
         self._check_upstream()
@@ -657,6 +666,20 @@ def _parse_one(raw: object, index: int, source: str) -> EffectContract:
             label,
             version,
         )
+    values.pop("approval_when", None)
+    ttl = values.pop("approval_ttl", None)
+    if ttl is not None:
+        try:
+            ttl = parse_duration(ttl)
+        except ValueError as exc:
+            raise error(str(exc), "approval_ttl", label, version) from exc
+    try:
+        values["approval"] = parse_rule(
+            table.get("approval"), table.get("approval_when"), ttl
+        )
+    except ValueError as exc:
+        field_name, _, reason = str(exc).partition(": ")
+        raise error(reason, field_name, label, version) from exc
     if "mcp" in table:
         try:
             values["mcp"] = _parse_mcp(table["mcp"], source)

@@ -397,6 +397,51 @@ class IllegalTransitionError(EffectBrokerError):
     )
 
 
+class AlreadyApprovedError(IllegalTransitionError):
+    """This effect was already approved; an approval is given once and consumed by
+    one dispatch.
+
+    ``approved_by`` names the operator whose approval counts; nothing was written
+    and nothing more was sent.
+    """
+
+    code = "already_approved"
+    http_status = 409
+    remedy = (
+        "Nothing to do: another operator (`approved_by`) approved this effect first, "
+        "and it is dispatched once under that approval. Read the effect for its "
+        "outcome; a second approval never sends it again."
+    )
+
+
+class ApprovalNotPendingError(IllegalTransitionError):
+    """This effect is not awaiting approval; nothing was written."""
+
+    code = "approval_not_pending"
+    http_status = 409
+    remedy = (
+        "Only an effect in `awaiting_approval` can be approved or denied. Read its "
+        "status (`effect_status`): it never needed approval, or it was denied, or "
+        "its approval expired - a denied or expired effect is failed_final and was "
+        "never sent, and no decision changes that."
+    )
+
+
+class ApprovalExpiredError(IllegalTransitionError):
+    """The time to approve this effect has run out; it ended failed_final
+    (approval_expired) and was never sent."""
+
+    code = "approval_expired"
+    http_status = 409
+    remedy = (
+        "The contract's approval_ttl passed (on the database's clock) before an "
+        "operator approved the effect: it is failed_final, nothing was sent and "
+        "nothing will be. Whether the business operation is still wanted is the "
+        "caller's decision; operators who need longer raise the contract's "
+        "approval_ttl."
+    )
+
+
 class AppendOnlyError(EffectBrokerError):
     """Receipts and events are append-only; they cannot be changed or deleted."""
 

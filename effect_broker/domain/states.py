@@ -35,6 +35,9 @@ class EffectStatus(StrEnum):
     FAILED_FINAL = "failed_final"
     MANUAL_REVIEW = "manual_review"
     COMPENSATED = "compensated"
+    #: Reserved, not yet sendable: an operator must approve it first (issue 24).
+    #: Listed last so that the existing values keep their order.
+    AWAITING_APPROVAL = "awaiting_approval"
 
 
 class ProbeStatus(StrEnum):
@@ -54,8 +57,15 @@ TERMINAL_STATUSES: frozenset[EffectStatus] = frozenset(
 
 TRANSITIONS: Mapping[EffectStatus, frozenset[EffectStatus]] = MappingProxyType(
     {
+        # Issue 24: a contract that asks for approval reserves the effect here, before
+        # anything can be sent. An operator's approval makes it PREPARED (one dispatch
+        # job); a denial, or no approval before the deadline, ends it FAILED_FINAL
+        # with no attempt ever made.
+        _S.AWAITING_APPROVAL: frozenset({_S.PREPARED, _S.FAILED_FINAL}),
         # Claimed by a worker; or refused by contract/validation before any dispatch.
-        _S.PREPARED: frozenset({_S.DISPATCHING, _S.FAILED_FINAL}),
+        # AWAITING_APPROVAL: the approval no longer matches the contract the worker
+        # holds (a redeploy changed it), so it goes back to an operator unsent.
+        _S.PREPARED: frozenset({_S.DISPATCHING, _S.FAILED_FINAL, _S.AWAITING_APPROVAL}),
         # Rules 2-3: only a proved non-commit is RETRYABLE; timeouts, lost connections
         # and expired leases are OUTCOME_UNKNOWN, never an ordinary retry.
         _S.DISPATCHING: frozenset(

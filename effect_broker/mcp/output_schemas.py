@@ -72,7 +72,9 @@ RECEIPT: dict[str, Any] = {
 }
 
 #: A proxy call that answered before its effect settled; ``paused`` when an
-#: operator's pause holds it (issue 24): why, since when, and what is paused.
+#: operator's pause holds it (issue 24): why, since when, and what is paused; one
+#: awaiting an operator's approval also says until when, and where the approval
+#: page is (issue 24).
 RUNNING: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -85,6 +87,8 @@ RUNNING: dict[str, Any] = {
             "required": ["reason", "since", "scope"],
             "additionalProperties": False,
         },
+        "approval_deadline": {"type": ["string", "null"], "format": "date-time"},
+        "approval_url": _TEXT_OR_NULL,
     },
     "required": ["effect_id", "status", "done"],
     "additionalProperties": False,

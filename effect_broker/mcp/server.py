@@ -35,7 +35,13 @@ from effect_broker.domain.storable_text import require_storable
 from effect_broker.mcp import tools
 from effect_broker.mcp.passthrough import PassThroughMirror
 from effect_broker.models import Tenant
-from effect_broker.services import awaiting, inspection, pauses, resolution
+from effect_broker.services import (
+    approval_notices,
+    awaiting,
+    inspection,
+    pauses,
+    resolution,
+)
 from effect_broker.services.awaiting import in_thread
 from effect_broker.services.runtime import get_runtime
 from effect_broker.services.submission import submit
@@ -248,6 +254,8 @@ def _outcome(tenant: Tenant, record: EffectRecord) -> types.CallToolResult:
             structured_content=result,
             _meta={"effect_broker/effect_id": record.effect_id},
         )
+    if status is EffectStatus.AWAITING_APPROVAL:
+        return _awaiting_approval(record)
     if status in (EffectStatus.OUTCOME_UNKNOWN, EffectStatus.MANUAL_REVIEW):
         who = (
             "An operator will look at the target and resolve it"
@@ -321,6 +329,34 @@ def _paused(record: EffectRecord, held: Pause) -> types.CallToolResult:
             "status": record.status.value,
             "done": False,
             "paused": paused,
+        },
+    )
+
+
+def _awaiting_approval(record: EffectRecord) -> types.CallToolResult:
+    """Issue 24: reserved, nothing sent, an operator must approve it first. Not an
+    error (nothing failed), and no reason to redo anything: the same call later
+    returns its outcome. The approval page's URL, when the broker knows where it is,
+    is what the MCP spec's URL-mode elicitation would send a person to."""
+    deadline = record.next_action_at.isoformat() if record.next_action_at else None
+    url = approval_notices.approval_url(record.effect_id)
+    where = f" The approval page: {url}" if url else ""
+    return types.CallToolResult(
+        content=[
+            _text(
+                f"Awaiting approval by an operator: effect {record.effect_id} was "
+                f"recorded and nothing has been sent. Call this tool again with the "
+                f"same operation_key and arguments to get its outcome once an operator "
+                f"has decided (until {deadline}; not approved by then, it is never "
+                f"sent); do not use a new key.{where}"
+            )
+        ],
+        structured_content={
+            "effect_id": record.effect_id,
+            "status": record.status.value,
+            "done": False,
+            "approval_deadline": deadline,
+            "approval_url": url,
         },
     )
 

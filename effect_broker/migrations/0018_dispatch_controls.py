@@ -52,7 +52,7 @@ DROP FUNCTION IF EXISTS effect_broker_pause_audit();
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("effect_broker", "0016_adapters_conformance_runs"),
+        ("effect_broker", "0017_awaiting_approval"),
     ]
 
     operations = [

@@ -1,12 +1,14 @@
-"""Gauges read from the ledger at scrape time: effects waiting on an unknown outcome.
+"""Gauges read from the ledger at scrape time: effects waiting on an unknown outcome,
+an operator, or an operator's approval.
 
 A counter in a worker says how often outcomes became unknown; only the ledger says how
 many are unknown now and for how long (a worker that recorded one may be long gone).
 So each scrape of the API's ``/metrics`` runs ONE bounded query:
 
-* it reads only rows in ``outcome_unknown`` or ``manual_review``, through the partial
-  index ``effect_intents_awaiting_idx`` (migration 0012), so its cost follows the
-  waiting effects, not the ledger's size;
+* it reads only rows in ``outcome_unknown``, ``manual_review`` or
+  ``awaiting_approval``, through the partial index ``effect_intents_awaiting_idx``
+  (migrations 0012, 0017), so its cost follows the waiting effects, not the ledger's
+  size;
 * it groups by the pinned contract (tool, name, version, safety class): as many
   groups as there are contract versions with waiting effects, never one per tenant;
 * it runs under a 2 s ``statement_timeout``: a slow database costs a scrape its
@@ -36,16 +38,22 @@ logger = logging.getLogger(__name__)
 #: The longest a scrape's ledger query may run (SET LOCAL, this transaction only).
 STATEMENT_TIMEOUT_MS = 2000
 
-WAITING_STATUSES = (EffectStatus.OUTCOME_UNKNOWN, EffectStatus.MANUAL_REVIEW)
+WAITING_STATUSES = (
+    EffectStatus.OUTCOME_UNKNOWN,
+    EffectStatus.MANUAL_REVIEW,
+    EffectStatus.AWAITING_APPROVAL,
+)
 
 # Age counts from the reservation (created_at): an effect's status moves between
 # outcome_unknown and reconciling on every probe, so the last change would hide an
-# effect that has waited for days behind a fresh "inconclusive".
+# effect that has waited for days behind a fresh "inconclusive". An effect awaiting
+# approval waits from its reservation too (or, rarely, from a redeploy that sent it
+# back: then it is older than its wait, which errs towards the alert).
 WAITING_QUERY = """
 SELECT status, tool, contract_name, contract_version, safety_class, count(*),
        EXTRACT(EPOCH FROM (clock_timestamp() - min(created_at)))::float8
 FROM effect_intents
-WHERE status IN ('outcome_unknown', 'manual_review')
+WHERE status IN ('outcome_unknown', 'manual_review', 'awaiting_approval')
 GROUP BY status, tool, contract_name, contract_version, safety_class
 """
 
@@ -60,15 +68,24 @@ _NAMES = {
         "effect_broker_manual_review_oldest_age_seconds",
         "manual_review",
     ),
+    EffectStatus.AWAITING_APPROVAL.value: (
+        "effect_broker_awaiting_approval_effects",
+        "effect_broker_awaiting_approval_oldest_age_seconds",
+        "awaiting_approval",
+    ),
 }
 SCRAPE_SUCCESS = "effect_broker_ledger_scrape_success"
 THRESHOLD = "effect_broker_contract_unknown_age_threshold_seconds"
+#: Each approval-asking contract's ``approval_ttl``: the shipped alert compares the
+#: oldest waiting approval with it (issue 24).
+APPROVAL_TTL = "effect_broker_contract_approval_ttl_seconds"
 
 #: Every metric family this collector can export.
 METRIC_NAMES = (
     *(name for pair in _NAMES.values() for name in pair[:2]),
     SCRAPE_SUCCESS,
     THRESHOLD,
+    APPROVAL_TTL,
 )
 
 Row = tuple[str, str, str, str, str, int, float]
@@ -90,7 +107,8 @@ def unknown_age_threshold(seconds: float | None) -> float:
 
 
 class LedgerCollector(Collector):
-    """Unknown and manual-review counts and oldest ages, by pinned contract."""
+    """Unknown, manual-review and awaiting-approval counts and oldest ages, by pinned
+    contract."""
 
     def __init__(self, registry: ContractRegistry | None = None) -> None:
         # None: the process runtime's registry, looked up at each scrape.
@@ -167,10 +185,28 @@ class LedgerCollector(Collector):
                 [contract.tool, contract.name, contract.version, contract.safety.value],
                 unknown_age_threshold(None if limit is None else limit.total_seconds()),
             )
+        ttl = GaugeMetricFamily(
+            APPROVAL_TTL,
+            "How long an effect of a contract that asks for approval waits for one "
+            "(approval_ttl) before it expires unsent.",
+            labels=EFFECT_LABELS,
+        )
+        for contract in _each(contracts):
+            if contract.approval is not None:
+                ttl.add_metric(
+                    [
+                        contract.tool,
+                        contract.name,
+                        contract.version,
+                        contract.safety.value,
+                    ],
+                    contract.approval.ttl.total_seconds(),
+                )
         for count_family, age_family in families.values():
             yield count_family
             yield age_family
         yield threshold
+        yield ttl
         yield success
 
 

@@ -133,6 +133,13 @@ DEFERRED = Counter(
     "runs again shortly). Nothing is failed for it (issue 24).",
     (*EFFECT_LABELS, "reason"),
 )
+APPROVALS = Counter(
+    "effect_broker_approvals",
+    "Decisions on effects that waited for an operator's approval (issue 24): "
+    "approved, denied (by an operator) or expired (no decision before the "
+    "contract's approval_ttl). A denied or expired effect was never sent.",
+    (*EFFECT_LABELS, "decision"),
+)
 SUBMIT_SECONDS = Histogram(
     "effect_broker_submit_duration_seconds",
     "Time of a submit in the broker (validation, hashing, encryption, reservation).",
@@ -165,6 +172,7 @@ ALL = (
     RETRY_RETENTION,
     RETRY_BLOCKED,
     DEFERRED,
+    APPROVALS,
     SUBMIT_SECONDS,
     SUBMIT_TO_RECEIPT_SECONDS,
 )
@@ -261,3 +269,8 @@ def retry_blocked(record: EffectRecord) -> None:
 def deferred(record: EffectRecord, *, reason: str) -> None:
     """A due send waited: an operator's pause, or the contract's limit."""
     DEFERRED.labels(*record_labels(record), reason).inc()
+
+
+def approval_decided(record: EffectRecord, decision: str) -> None:
+    """An effect awaiting approval was approved, denied or expired."""
+    APPROVALS.labels(*record_labels(record), decision).inc()

@@ -12,6 +12,7 @@ before: one statement, no lock, nothing more.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -37,15 +38,21 @@ class Waiting:
 
 
 def claim(
-    rt: Runtime, record: EffectRecord, contract: EffectContract, *, worker: str
+    rt: Runtime,
+    record: EffectRecord,
+    contract: EffectContract,
+    *,
+    worker: str,
+    metadata: Mapping[str, object] | None = None,
 ) -> tuple[EffectRecord, str] | Waiting:
     """Commit DISPATCHING and the attempt row, or (over a limit) nothing but the
-    limit's state and, for a dispatch job, the job's next run."""
+    limit's state and, for a dispatch job, the job's next run. ``metadata``: more
+    facts for the ``dispatch_started`` event (the approval a first send consumes)."""
     changes = deadlines.claim_changes(rt, record, contract, worker=worker)
     limits = contract.limits
     if not limits.limited:
         return store.start_attempt(
-            record, worker=worker, now=rt.clock.now(), changes=changes
+            record, worker=worker, now=rt.clock.now(), changes=changes, metadata=metadata
         )
     offset = rt.clock.database_offset()
     with transaction.atomic():
@@ -66,7 +73,11 @@ def claim(
                 changes=changes,
                 # When, on the database's clock, the limits admitted it: what the
                 # guarantee is stated on (docs/how-to/operator-controls.md).
-                metadata={"admitted_at": now.isoformat(), "in_flight": in_flight},
+                metadata={
+                    **(metadata or {}),
+                    "admitted_at": now.isoformat(),
+                    "in_flight": in_flight,
+                },
             )
         assert decision.reason is not None
         assert decision.wake_at is not None

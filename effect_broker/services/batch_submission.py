@@ -42,7 +42,9 @@ from effect_broker.services.runtime import Runtime, get_runtime
 from effect_broker.services.submission import (
     PreparedIntent,
     _refuse_drift,
+    after_reservation,
     prepare_intent,
+    reservation_job,
 )
 from effect_broker.store.batch_reserve import reserve_many
 
@@ -111,8 +113,7 @@ def submit_many(
     for index, item in enumerate(prepared):
         first.setdefault(item.intent.operation_key, index)
     unique = [prepared[i] for i in sorted(first.values())]
-    jobs = [rt.scheduler.reservation_job(p.intent.effect_id) for p in unique]
-    queued = [j for j in jobs if j is not None]
+    jobs = [reservation_job(rt, p.intent) for p in unique]
     actors = [p.request.requested_by or "caller" for p in unique]
     now = rt.clock.now()
     # The first due time is the database's clock, not this host's (issue 19).
@@ -136,17 +137,17 @@ def submit_many(
             now=now,
             actors=actors,
             # The jobs commit with the intents (STYLE rule 5), in the same statement.
-            jobs=queued if len(queued) == len(jobs) else None,
+            jobs=jobs if any(job is not None for job in jobs) else None,
             database_offset=offset,
         )
     by_key = {p.intent.operation_key: row for p, row in zip(unique, rows, strict=True)}
+    job_of = {p.intent.operation_key: job for p, job in zip(unique, jobs, strict=True)}
     results: list[BatchItemResult] = []
     seconds = time.perf_counter() - started
     for index, item in enumerate(prepared):
         record, created = by_key[item.intent.operation_key]
         if created and first[item.intent.operation_key] == index:
-            if len(queued) != len(jobs):
-                rt.scheduler.dispatch(record.effect_id)
+            after_reservation(rt, record, job_of[item.intent.operation_key])
             metrics.submitted(record, created=True, seconds=seconds)
             results.append(BatchItemResult(index, CREATED, effect=record))
             continue

@@ -34,7 +34,7 @@ from effect_broker.domain.states import EffectStatus
 from effect_broker.models import Tenant
 from effect_broker.observability import metrics
 from effect_broker.observability.instrumentation import dispatch_span, timed_attempt
-from effect_broker.services import admission, deadlines, outcomes
+from effect_broker.services import admission, approval_gate, deadlines, outcomes
 from effect_broker.services.lease import LeaseKeeper
 from effect_broker.services.outcomes import to_manual_review
 from effect_broker.services.payloads import load_arguments
@@ -76,6 +76,13 @@ def dispatch(
     read = store.load_for_dispatch(effect_id, offset=rt.clock.database_offset())
     record = read.record
     if record.status not in DISPATCHABLE:
+        if record.status is EffectStatus.AWAITING_APPROVAL:
+            # Issue 24: no job is queued for an effect awaiting approval; one that
+            # runs anyway (a stray or forged job) sends nothing.
+            logger.warning(
+                "dispatch refused: the effect awaits an operator's approval",
+                extra={"action": "dispatch_refused", "effect_id": effect_id},
+            )
         return record
     # Due or not is decided on the database's clock (it also scheduled the job).
     if record.next_action_at is not None and record.next_action_at > read.database_now:
@@ -128,12 +135,32 @@ def _dispatch_due(
         return to_manual_review(rt, record, actor=worker, reason="key retention expired")
     if record.status is EffectStatus.RETRYABLE:
         metrics.retry_retention(record, read.database_now)
+    # Issue 24: the first send of an effect whose contract asks for approvals needs
+    # an approval bound to it and to the contract this worker holds.
+    gate = approval_gate.check_first_send(rt, read, contract, worker=worker)
+    if gate.held is not None:
+        return gate.held
+    claim = {"approval": gate.binding} if gate.binding else None
     adapter = rt.adapter_for(contract)
     if adapter.transactional:
         return _dispatch_transactional(
-            rt, record, contract, adapter, worker=worker, sealed=read.sealed
+            rt,
+            record,
+            contract,
+            adapter,
+            worker=worker,
+            sealed=read.sealed,
+            claim_metadata=claim,
         )
-    return send_attempt(rt, record, contract, adapter, worker=worker, sealed=read.sealed)
+    return send_attempt(
+        rt,
+        record,
+        contract,
+        adapter,
+        worker=worker,
+        sealed=read.sealed,
+        claim_metadata=claim,
+    )
 
 
 def send_attempt(
@@ -144,9 +171,11 @@ def send_attempt(
     *,
     worker: str,
     sealed: store.SealedArguments | None = None,
+    claim_metadata: Mapping[str, object] | None = None,
 ) -> EffectRecord:
     """Commit DISPATCHING + attempt, call the adapter once behind the send gate, and
-    record what happened."""
+    record what happened (``claim_metadata``: more facts for ``dispatch_started``,
+    e.g. the approval this attempt consumes)."""
     arguments = load_arguments(rt, record, sealed)
     try:
         arguments = _with_secrets(rt, record, contract, arguments)
@@ -155,7 +184,9 @@ def send_attempt(
     # Read BEFORE the claim is sent: the lease the database starts is no older than
     # this, so "claimed_at + lease - margin" is a moment the lease provably holds.
     claimed_at = rt.clock.monotonic()
-    claimed = admission.claim(rt, record, contract, worker=worker)
+    claimed = admission.claim(
+        rt, record, contract, worker=worker, metadata=claim_metadata
+    )
     if isinstance(claimed, admission.Waiting):
         return _wait_for_limit(rt, record, claimed, worker=worker)
     record, attempt_id = claimed
@@ -313,6 +344,7 @@ def _dispatch_transactional(
     *,
     worker: str,
     sealed: store.SealedArguments,
+    claim_metadata: Mapping[str, object] | None = None,
 ) -> EffectRecord:
     """Safety class ``transactional``: mutation, receipt and event in ONE transaction.
 
@@ -330,6 +362,7 @@ def _dispatch_transactional(
             worker=worker,
             now=rt.clock.now(),
             changes=deadlines.claim_changes(rt, record, contract, worker=worker),
+            metadata=claim_metadata,
         )
         request = DispatchRequest(
             effect=started, arguments=arguments, attempt_id=attempt_id, contract=contract

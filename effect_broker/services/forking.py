@@ -52,7 +52,8 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Fork:
     """A fork: the old effect as settled (FAILED_FINAL, ``resolved_forked``) and the
-    new effect reserved under the new operation key (PREPARED, dispatch queued)."""
+    new effect reserved under the new operation key (PREPARED, dispatch queued; or
+    AWAITING_APPROVAL when its contract asks for an operator's approval first)."""
 
     old: EffectRecord
     new: EffectRecord

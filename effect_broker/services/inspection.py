@@ -89,8 +89,9 @@ class OperatorRow:
 # A read of the record, not a resolution step: the listing and ``inspect`` compute it,
 # resolution never does, and keeping it here keeps resolution -> inspection one-way.
 def needs_operator(record: EffectRecord) -> bool:
-    """True when only an operator can move the effect on (nothing automatic will)."""
-    if record.status is EffectStatus.MANUAL_REVIEW:
+    """True when only an operator can move the effect on (nothing automatic will but,
+    for an effect awaiting approval, its expiry)."""
+    if record.status in (EffectStatus.MANUAL_REVIEW, EffectStatus.AWAITING_APPROVAL):
         return True
     return (
         record.status is EffectStatus.OUTCOME_UNKNOWN

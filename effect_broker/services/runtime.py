@@ -58,6 +58,15 @@ class Scheduler(Protocol):
         (one round trip, one commit), or None: then submit calls ``dispatch``."""
         ...
 
+    def approval_notice_job(self, effect_id: str) -> QueuedJob | None:
+        """The operators' notice of a new effect awaiting approval, as a row its
+        reservation inserts, or None: then submit calls ``notify_approval``."""
+        ...
+
+    def notify_approval(self, effect_id: str) -> None:
+        """Ask for ``notify_approval(effect_id)``: the approval webhook (issue 24)."""
+        ...
+
 
 @dataclass(frozen=True)
 class EngineTiming:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 
 from effect_broker import failpoints, store
 from effect_broker.domain.argument_limits import check_arguments
@@ -37,11 +38,13 @@ from effect_broker.domain.records import (
     Reservation,
 )
 from effect_broker.domain.secret_refs import find_refs, refuse_undeclared
+from effect_broker.domain.states import EffectStatus
 from effect_broker.models import Tenant
 from effect_broker.observability.instrumentation import (
     observed_submit,
     submit_trace_context,
 )
+from effect_broker.services import approval_notices
 from effect_broker.services.runtime import Runtime, get_runtime
 
 
@@ -122,6 +125,11 @@ def prepare_intent(rt: Runtime, tenant: Tenant, request: EffectRequest) -> Prepa
     key_id, ciphertext = encrypt(
         rt.keyring, canonical_args, aad=arguments_aad(tenant_id, operation_key)
     )
+    # Issue 24: a contract may ask for an operator's approval before anything is
+    # sent; such an effect is reserved awaiting it, with its deadline on the
+    # database's clock, and no dispatch job.
+    rule = contract.approval
+    awaiting = rule is not None and rule.applies_to(request.arguments)
     intent = store.NewIntent(
         tenant_id=tenant_id,
         operation_key=operation_key,
@@ -139,8 +147,37 @@ def prepare_intent(rt: Runtime, tenant: Tenant, request: EffectRequest) -> Prepa
         requested_by=request.requested_by,
         trace_id=request.trace_id,
         trace_context=submit_trace_context(),
+        status=EffectStatus.AWAITING_APPROVAL if awaiting else EffectStatus.PREPARED,
+        due_in=rule.ttl if rule is not None and awaiting else timedelta(0),
+        approval_rule=rule.describe() if rule is not None and awaiting else "",
     )
     return PreparedIntent(request, contract, digest, intent)
+
+
+def reservation_job(rt: Runtime, intent: store.NewIntent) -> store.QueuedJob | None:
+    """The job that commits with a new intent, in its reservation statement: its
+    dispatch, or for an intent that waits for approval the operators' notice (None
+    without a webhook); None too when the scheduler cannot hand one over
+    (``after_reservation`` then asks for it)."""
+    if intent.status is EffectStatus.AWAITING_APPROVAL:
+        if not approval_notices.configured():
+            return None
+        return rt.scheduler.approval_notice_job(intent.effect_id)
+    return rt.scheduler.reservation_job(intent.effect_id)
+
+
+def after_reservation(
+    rt: Runtime, record: EffectRecord, job: store.QueuedJob | None
+) -> None:
+    """Ask for the new effect's job when it did not ride in the reservation."""
+    if job is not None:
+        return
+    if record.status is EffectStatus.AWAITING_APPROVAL:
+        # Nothing is dispatched: an operator's approval queues the dispatch job.
+        if approval_notices.configured():
+            rt.scheduler.notify_approval(record.effect_id)
+        return
+    rt.scheduler.dispatch(record.effect_id)
 
 
 @observed_submit  # its span, and counts of created, replayed and conflicting submits
@@ -161,7 +198,7 @@ def submit(
     subject = f"{tenant_id}/{operation_key}"
     # The dispatch job commits with the intent or not at all (STYLE rule 5): it rides
     # in the reservation statement, which is about to be sent.
-    job = rt.scheduler.reservation_job(intent.effect_id)
+    job = reservation_job(rt, intent)
     failpoints.hit("before_reservation_commit", subject=subject)
     record, created = store.reserve(
         intent,
@@ -172,8 +209,7 @@ def submit(
         database_offset=rt.clock.database_offset(),
     )
     if created:
-        if job is None:
-            rt.scheduler.dispatch(record.effect_id)
+        after_reservation(rt, record, job)
         failpoints.hit("after_reservation_commit", subject=subject)
         return Reservation(effect=record, created=True, replayed=False)
     _refuse_drift(rt, record, request, contract, digest)

@@ -3,6 +3,8 @@
 Spec "Durability and consistency mechanics": a stale DISPATCHING lease is converted to
 OUTCOME_UNKNOWN - it is never assumed that the old worker did nothing. Due retries and
 reconciliations whose job was lost are deferred again (queueing locks drop duplicates).
+An effect still awaiting approval past its deadline (database clock) ends FAILED_FINAL,
+``approval_expired``, never sent (issue 24; ``services.approvals``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 
 from django.db import transaction
@@ -20,7 +22,7 @@ from effect_broker.domain.errors import StaleWriteError
 from effect_broker.domain.records import EffectRecord
 from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.observability import metrics
-from effect_broker.services import outcomes
+from effect_broker.services import approvals, outcomes
 from effect_broker.services.dispatch import note_stale_write
 from effect_broker.services.runtime import Runtime, get_runtime
 from effect_broker.store import db_time
@@ -43,6 +45,8 @@ class SweepReport:
     stale_writes: int
     #: Rows or jobs skipped: another session held them past the sweep's lock wait.
     busy: int = 0
+    #: Effects whose approval deadline passed: failed_final, never sent.
+    approvals_expired: int = 0
 
 
 def _unless_busy(work: Callable[[], object]) -> bool:
@@ -96,10 +100,31 @@ def sweep(*, actor: str = "sweeper", runtime: Runtime | None = None) -> SweepRep
             reconcile_due += 1
         else:
             busy += 1
-    report = SweepReport(expired, dispatch_due, reconcile_due, stale, busy)
+    approvals_expired = 0
+    # Past the deadline on the database's clock (no grace: the deadline is the
+    # contract's promise to the caller). The read locks the rows it returns, so an
+    # operator's approval of one of them waits for this sweep, then finds it expired.
+    for record in due_effects(
+        EffectStatus.AWAITING_APPROVAL, grace=timedelta(0), safety=_ALL, offset=offset
+    ):
+        decided: list[EffectRecord | None] = []
+        if not _unless_busy(partial(_expire_approval, rt, record, actor, decided)):
+            busy += 1
+        elif decided and decided[0] is not None:
+            approvals_expired += 1
+    report = SweepReport(
+        expired, dispatch_due, reconcile_due, stale, busy, approvals_expired
+    )
     if expired or stale or busy:
         logger.warning("sweep", extra={"action": "sweep", **report.__dict__})
     return report
+
+
+def _expire_approval(
+    rt: Runtime, record: EffectRecord, actor: str, decided: list[EffectRecord | None]
+) -> None:
+    """Expire one effect past its approval deadline (None: an operator was first)."""
+    decided.append(approvals.expire_due(rt, record, actor=actor))
 
 
 def _expire(rt: Runtime, record: EffectRecord, actor: str, now: datetime) -> None:

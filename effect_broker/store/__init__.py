@@ -27,6 +27,7 @@ from effect_broker.store.reads import (
     load_effect_for_worker,
     load_events,
     load_for_dispatch,
+    lock_awaiting_approval,
     verify_event_chain,
 )
 
@@ -47,6 +48,7 @@ __all__ = [
     "load_effect_for_worker",
     "load_events",
     "load_for_dispatch",
+    "lock_awaiting_approval",
     "open_attempt",
     "receipt",
     "record_stale_write",

@@ -17,7 +17,6 @@ from django.db import connection
 
 from effect_broker.domain.event_chain import GENESIS_DIGEST
 from effect_broker.domain.records import EffectRecord
-from effect_broker.domain.states import EffectStatus
 from effect_broker.store import prepared, sql
 from effect_broker.store.conflicts import retryable_conflicts
 from effect_broker.store.ledger import (
@@ -53,6 +52,10 @@ def _item(intent: NewIntent, *, now: datetime, actor: str) -> dict[str, Any]:
         # equal to what was hashed whichever JSON text carries it.
         "metadata": reserved_metadata(intent),
         "actor": actor,
+        "status": intent.status.value,
+        # The first due time's distance from the database's clock (an approval's
+        # deadline), in microseconds: exact, where seconds as a float may not be.
+        "due_in_us": intent.due_in // timedelta(microseconds=1),
     }
 
 
@@ -75,7 +78,7 @@ def reserve_many(
     *,
     now: datetime,
     actors: Sequence[str],
-    jobs: Sequence[QueuedJob] | None = None,
+    jobs: Sequence[QueuedJob | None] | None = None,
     database_offset: timedelta = timedelta(0),
 ) -> list[tuple[EffectRecord, bool]]:
     """Insert each intent whose (tenant, operation_key) is free; return, in the order
@@ -83,7 +86,8 @@ def reserve_many(
 
     All intents belong to one tenant and carry distinct keys; ``actors[i]`` is the
     actor of ``intents[i]``'s ``reserved`` event. ``jobs[i]`` is the dispatch job of
-    ``intents[i]``, inserted only if that intent is. Intents, events and jobs are ONE
+    ``intents[i]``, inserted only if that intent is (None: no job, e.g. for an
+    intent that waits for an operator's approval). Intents, events and jobs are ONE
     statement: one round trip and, in autocommit, one commit. As in ``reserve``,
     ``now`` stamps rows and events, and the first due time is the database's clock
     plus ``database_offset``. The rows are inserted in key order, so batches that
@@ -103,7 +107,8 @@ def reserve_many(
     ]
     if jobs is not None:
         for item, job in zip(items, jobs, strict=True):
-            item.update(_job_fields(job))
+            if job is not None:  # None: an intent that waits for approval
+                item.update(_job_fields(job))
         statement = sql.RESERVE_BATCH.format(
             job=sql.RESERVE_BATCH_JOBS, job_source=", job"
         )
@@ -113,7 +118,6 @@ def reserve_many(
     params: dict[str, Any] = {
         "items": json.dumps(items, ensure_ascii=False, separators=(",", ":")),
         "tenant": tenant_id,
-        "status": EffectStatus.PREPARED.value,
         "now": now,
         "offset": database_offset,
         "genesis": GENESIS_DIGEST,

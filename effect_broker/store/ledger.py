@@ -55,6 +55,14 @@ class NewIntent:
     #: The submit span's W3C traceparent (effect_broker.observability.tracing).
     trace_context: str | None = None
     effect_id: str = field(default_factory=new_row_id)
+    #: PREPARED, or AWAITING_APPROVAL when its contract's rule asks for an operator
+    #: first (issue 24): then no dispatch job is queued with it.
+    status: EffectStatus = EffectStatus.PREPARED
+    #: Added to the database's clock for the first due time (``next_action_at``):
+    #: an awaiting effect's approval deadline, its contract's ``approval_ttl``.
+    due_in: timedelta = timedelta(0)
+    #: The approval rule in words, recorded in the ``reserved`` event ("" if none).
+    approval_rule: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +163,12 @@ def _event_params(
 
 
 def reserved_metadata(intent: NewIntent) -> dict[str, str]:
-    """What an intent's ``reserved`` event records: the contract it is pinned to."""
-    return {"contract": f"{intent.contract_name}@{intent.contract_version}"}
+    """What an intent's ``reserved`` event records: the contract it is pinned to, and
+    the approval rule that made it wait (never a value of its arguments)."""
+    metadata = {"contract": f"{intent.contract_name}@{intent.contract_version}"}
+    if intent.approval_rule:
+        metadata["approval_rule"] = intent.approval_rule
+    return metadata
 
 
 def reserved_event_params(
@@ -169,7 +181,7 @@ def reserved_event_params(
         sequence=1,
         event_type="reserved",
         old_status=None,
-        new_status=EffectStatus.PREPARED,
+        new_status=intent.status,
         actor=actor,
         now=now,
         # No request hash here: events are shown by /history and the admin, and the
@@ -211,8 +223,10 @@ def reserve(
         intent.contract_version,
         intent.safety_class,
         intent.downstream_key,
-        EffectStatus.PREPARED.value,
-        database_offset,  # next_action_at: the database's clock (sql.RESERVE_INTENT)
+        intent.status.value,
+        # next_action_at: the database's clock (sql.RESERVE_INTENT); for an effect
+        # awaiting approval, its deadline on that clock.
+        database_offset + intent.due_in,
         intent.trace_id,
         intent.requested_by,
         now,

@@ -49,6 +49,20 @@ def database_now(offset: timedelta = timedelta(0)) -> datetime:
     return row[0]
 
 
+def lock_awaiting_approval(
+    record: EffectRecord, offset: timedelta = timedelta(0)
+) -> bool | None:
+    """Inside a transaction: lock ``record``'s row while it still awaits approval at
+    ``record.version``; True while its deadline is ahead (database clock), False once
+    it has passed, None when the row has moved on (someone else decided first)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            sql.LOCK_AWAITING_APPROVAL, _params(offset, record.effect_id, record.version)
+        )
+        row = cur.fetchone()
+    return None if row is None else bool(row[0])
+
+
 def get_effect(tenant_id: str, effect_id: str) -> EffectRecord:
     """Return one effect of this tenant; another tenant's id is simply not found."""
     with connection.cursor() as cur:

@@ -173,6 +173,17 @@ SELECT_INTENT_FOR_DISPATCH = (
 
 SELECT_DATABASE_NOW = "SELECT clock_timestamp() + %s::interval"
 
+# An operator's approval or denial (issue 24): lock the row while it is still the
+# version the operator saw, and say whether its approval deadline is still ahead on
+# the database's clock. Held to the decision's commit, the lock keeps the sweeper's
+# expiry (SKIP LOCKED) and a second operator off the row; no row: someone else
+# wrote first. NO KEY UPDATE: the lock a fenced UPDATE takes anyway.
+LOCK_AWAITING_APPROVAL = """
+SELECT next_action_at > clock_timestamp() + %s::interval FROM effect_intents
+WHERE id = %s AND version = %s AND status = 'awaiting_approval'
+FOR NO KEY UPDATE
+"""
+
 SELECT_ARGUMENTS = """
 SELECT arguments_ciphertext, arguments_key_id, tenant_id, operation_key
 FROM effect_intents WHERE id = %s
@@ -306,7 +317,7 @@ WITH input AS (
         arguments_ciphertext text, arguments_key_id text, arguments_preview jsonb,
         contract_name text, contract_version text, safety_class text,
         downstream_key text, trace_id text, requested_by text, trace_context text,
-        digest text, metadata jsonb, actor text,
+        digest text, metadata jsonb, actor text, status text, due_in_us bigint,
         job_queue text, job_task text, job_priority int, job_lock text,
         job_queueing_lock text, job_args jsonb, job_scheduled_at timestamptz
     )
@@ -319,8 +330,9 @@ WITH input AS (
     )
     SELECT id, %(tenant)s::uuid, operation_key, tool, decode(request_hash, 'hex'),
         decode(arguments_ciphertext, 'hex'), arguments_key_id, arguments_preview,
-        contract_name, contract_version, safety_class, downstream_key, %(status)s, 1,
-        0, clock_timestamp() + %(offset)s::interval, trace_id, requested_by,
+        contract_name, contract_version, safety_class, downstream_key, status, 1, 0,
+        clock_timestamp() + %(offset)s::interval + due_in_us * interval '1 microsecond',
+        trace_id, requested_by,
         %(now)s::timestamptz, %(now)s::timestamptz, trace_context
     -- In key order, not the caller's: each insert takes its key's unique-index entry
     -- and holds it to commit, so two batches sharing keys in opposite orders each
@@ -335,7 +347,7 @@ WITH input AS (
     INSERT INTO """
     + _INSERT_EVENT_COLUMNS
     + """
-    SELECT input.id, 1, 'reserved', NULL, %(status)s, 1, input.actor,
+    SELECT input.id, 1, 'reserved', NULL, input.status, 1, input.actor,
         %(now)s::timestamptz, input.metadata, %(genesis)s, decode(input.digest, 'hex')
     FROM input JOIN intent ON intent.id = input.id
     RETURNING effect_id, digest
@@ -371,7 +383,10 @@ RESERVE_BATCH_JOBS = """, job AS (
             input.job_queue, input.job_task, input.job_priority, input.job_lock,
             input.job_queueing_lock, input.job_args, input.job_scheduled_at
         )::procrastinate_job_to_defer_v1
-        FROM input JOIN intent ON intent.id = input.id ORDER BY input.ord
+        FROM input JOIN intent ON intent.id = input.id
+        -- An intent that waits for approval has no job until an operator approves.
+        WHERE input.job_task IS NOT NULL
+        ORDER BY input.ord
     )) AS ids
 )"""
 

@@ -86,6 +86,7 @@ adapter = "simulated-local"
         + edge_contracts_toml(
             target_url, common=common, http=http, settlement_bound=settlement_bound
         )
+        + approval_contracts_toml(target_url, common=common, http=http)
         + "\n"
         + mcp_contracts_toml(target_url, settlement_bound=settlement_bound)
     )
@@ -179,5 +180,62 @@ url = "{target_url}/reconcilable/charges"
 correlation_header = "X-Correlation-Key"
 probe_url = "{target_url}/reconcilable/charges?correlation_key={{downstream_key}}"
 fencing_header = "X-Fencing-Token"
+{http}
+"""
+
+
+#: Tools of the approval cells (examples/crash_matrix/approval_cells.py; issue 24).
+APPROVAL_TOOLS = {
+    # Every effect waits for an operator; the idempotent endpoint, so a kill after
+    # the approval is recovered by a same-key resend and counted by key.
+    "idempotent": "charge_approval",
+    # The unsafe endpoint: every request that reaches it is a charge, so a second
+    # dispatch (two approvals, a redelivered submit) would show in its table.
+    "unsafe": "charge_approval_unsafe",
+    # Only amounts above 1000 wait, for 2 s: the expiry cell's (unsafe endpoint).
+    "brief": "charge_approval_brief",
+}
+
+
+def approval_contracts_toml(target_url: str, *, common: str, http: str) -> str:
+    """TOML for the approval cells' contracts (appended to ``contracts_toml``)."""
+    return f"""
+[[contract]]
+name = "demo.charge-approval"
+version = "1"
+tool = "{APPROVAL_TOOLS["idempotent"]}"
+safety = "idempotent"
+key_retention = "24h"
+approval = "required"
+adapter = "http"
+{common}
+[contract.adapter_options]
+url = "{target_url}/idempotent/charges"
+idempotency_header = "Idempotency-Key"
+{http}
+
+[[contract]]
+name = "demo.charge-approval-unsafe"
+version = "1"
+tool = "{APPROVAL_TOOLS["unsafe"]}"
+safety = "unsafe"
+approval = "required"
+adapter = "http"
+{common}
+[contract.adapter_options]
+url = "{target_url}/unsafe/charges"
+{http}
+
+[[contract]]
+name = "demo.charge-approval-brief"
+version = "1"
+tool = "{APPROVAL_TOOLS["brief"]}"
+safety = "unsafe"
+approval_when = {{ pointer = "/amount_minor", above = 1000 }}
+approval_ttl = "2s"
+adapter = "http"
+{common}
+[contract.adapter_options]
+url = "{target_url}/unsafe/charges"
 {http}
 """

@@ -22,6 +22,7 @@ from effect_broker.domain.states import EffectStatus
 from effect_broker.failpoints import FAILPOINTS
 from effect_broker.models import EffectEvent
 from examples.crash_matrix import plan
+from examples.crash_matrix.approval_cells import approval_cell_jobs
 from examples.crash_matrix.cells import (
     CellResult,
     charge_body,
@@ -74,6 +75,7 @@ RUNNABLE = frozenset(
         plan.EDGE,
         plan.MCP_KILL,
         plan.RUNTIME_KILL,
+        plan.APPROVAL,
     }
 )
 
@@ -227,12 +229,15 @@ def _run_cells(
     kinds: dict[str, list[str]] = {}
     kills = []
     mcp_kills = []
+    approval_cases: set[str] = set()
     edges: set[tuple[str, str]] = set()
     for cell in chosen:
         if cell.kind == plan.KILL:
             kills.append((cell.scenario, cell.case))
         elif cell.kind == plan.MCP_KILL:
             mcp_kills.append((cell.scenario, cell.case))
+        elif cell.kind == plan.APPROVAL:
+            approval_cases.add(cell.case)
         elif cell.kind == plan.EDGE:
             edges.add((cell.scenario, cell.case))
         else:
@@ -270,6 +275,9 @@ def _run_cells(
         results += runtime_cells(
             rig, kinds[plan.RUNTIME_KILL], run_id, report.cell, parallel
         )
+    # Issue 24: approved, killed, denied, expired, approved at once (no baselines:
+    # neither has an approval step to compare).
+    results += _in_pool(approval_cell_jobs(rig, run_id, approval_cases), parallel, report)
     results += _in_pool(
         [
             lambda s=s: _concurrent(rig, s, run_id, ledger)
@@ -331,7 +339,8 @@ def run_matrix(
         f"crash matrix: {len(SCENARIOS)} safety classes x {len(FAILPOINTS)} kill points, "
         f"plus concurrency, zombie, target-down, database-restart and "
         f"{len(plan.EDGE_CASES)} edge faults, {len(plan.MCP_SCENARIOS)} classes "
-        f"behind the mcp adapter, and {len(plan.RUNTIMES)} runtimes ({where}, "
+        f"behind the mcp adapter, {len(plan.RUNTIMES)} runtimes and "
+        f"{len(plan.APPROVAL_CASES)} approval cells ({where}, "
         f"{workers} real worker processes)"
     )
     if only:

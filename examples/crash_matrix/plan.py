@@ -46,6 +46,28 @@ RUNTIME_PREFIX = "runtime-"
 RUNTIMES = ("dbos", "langgraph", "celery", "temporal")
 RUNTIME_SCENARIOS = [f"{RUNTIME_PREFIX}{r}" for r in RUNTIMES]
 RUNTIME_CASE = "killed after target commit"
+#: Issue 24's cells (examples/crash_matrix/approval_cells.py): scenario ``approval``,
+#: so ``--only approval`` runs just these.
+APPROVAL = "approval"
+#: The worker's kill points after an operator's approval: each must leave one charge.
+APPROVAL_KILLS = (
+    "before_request_write",
+    "after_target_commit",
+    "before_receipt_commit",
+    "after_receipt_commit",
+)
+APPROVED_KILLED = "approved then killed at {failpoint}"
+REDELIVERED = "approved with the submit redelivered 3x"
+DENIED = "denied"
+EXPIRED = "expired"
+CONCURRENT_APPROVALS = "concurrent approvals"
+APPROVAL_CASES: list[str] = [
+    *(APPROVED_KILLED.format(failpoint=fp) for fp in APPROVAL_KILLS),
+    REDELIVERED,
+    DENIED,
+    EXPIRED,
+    CONCURRENT_APPROVALS,
+]
 
 
 def safety_of(scenario: str) -> str:
@@ -106,6 +128,7 @@ def all_cells() -> list[CellId]:
     cells += [CellId(EDGE, s, case) for s, case in EDGE_CASES]
     cells += [CellId(MCP_KILL, s, fp) for s in MCP_SCENARIOS for fp in MCP_FAILPOINTS]
     cells += [CellId(RUNTIME_KILL, s, RUNTIME_CASE) for s in RUNTIME_SCENARIOS]
+    cells += [CellId(APPROVAL, APPROVAL, case) for case in APPROVAL_CASES]
     return cells
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.crash_matrix.plan import EDGE_CASES, RUNTIME_PREFIX, safety_of
+from examples.crash_matrix.plan import APPROVAL, EDGE_CASES, RUNTIME_PREFIX, safety_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,9 +30,10 @@ def test_every_cell_keeps_its_safety_class_promise(matrix) -> None:
     # 4 classes x 6 failpoints, 4 concurrency cells, 3 zombies, 3 target-down,
     # 4 restarts, 1 restart under load, 15 edge cells (tests/crash/test_edge_cells.py
     # reads those), 3 classes x 2 kills behind the mcp adapter
-    # (tests/crash/test_mcp_adapter_cells.py), and 4 runtimes
-    # (tests/crash/test_runtime_cells.py)
-    assert len(cells) == 64
+    # (tests/crash/test_mcp_adapter_cells.py), 4 runtimes
+    # (tests/crash/test_runtime_cells.py) and 8 approval cells
+    # (tests/crash/test_approval_cells.py)
+    assert len(cells) == 72
 
 
 def test_safe_classes_leave_exactly_one_charge_in_the_target_table(matrix) -> None:
@@ -40,6 +41,8 @@ def test_safe_classes_leave_exactly_one_charge_in_the_target_table(matrix) -> No
     for cell in data["cells"]:
         if (cell["scenario"], cell["case"]) in EDGE_CASES:
             continue  # their own rules: tests/crash/test_edge_cells.py
+        if cell["scenario"] == APPROVAL:
+            continue  # their own rules: tests/crash/test_approval_cells.py
         if safety_of(cell["scenario"]) != "unsafe" and cell["verdict"] != "skipped":
             assert (cell["target_effects"], cell["receipts"], cell["status"]) == (
                 1,

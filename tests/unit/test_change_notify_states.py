@@ -1,7 +1,8 @@
-"""Migration 0014 notifies only changes into the states listed there: every state in
-which a waiter (``services.awaiting``) may stop waiting must be among them - for either
-way to wait (``domain.waits.Until``: the MCP proxy's and the default long-poll's
-``answer``, and ``settled``, which waits through an operator's decision)."""
+"""Migration 0014 notifies only changes into the states listed there (0017 added
+``awaiting_approval``): every state in which a waiter (``services.awaiting``) may stop
+waiting must be among them - for either way to wait (``domain.waits.Until``: the MCP
+proxy's and the default long-poll's ``answer``, and ``settled``, which waits through
+an operator's decision)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ from effect_broker.domain.states import EffectStatus, SafetyClass
 from effect_broker.domain.waits import Until
 from effect_broker.services.awaiting import settled_for_caller, stops_waiting
 
-migration = importlib.import_module(
-    "effect_broker.migrations.0014_notify_settling_changes_only"
-)
+#: The migration that last set the trigger's list.
+migration = importlib.import_module("effect_broker.migrations.0017_awaiting_approval")
 
 
 def _stops(rule) -> set[str]:

@@ -1,13 +1,15 @@
-"""``effect-broker effects list|inspect|reconcile|resolve|fork``: the operator's console.
+"""``effect-broker effects list|inspect|reconcile|resolve|fork|approve|deny``: the
+operator's console.
 
 This is a privileged local tool: whoever can run it can read the database, so it acts
 across tenants. ``list`` shows every tenant unless ``--tenant`` narrows it, and the other
 actions look up the tenant that owns the effect themselves (no ``--tenant`` needed). The
 HTTP API, by contrast, only ever sees the caller's own tenant.
 
-``resolve`` and ``fork`` write on an operator's authority: ``--as USERNAME`` names the
-acting staff user, who must exist, be active and staff, and hold
-``effect_broker.resolve_effect`` (checked by the service); the events carry that name.
+``resolve``, ``fork``, ``approve`` and ``deny`` write on an operator's authority:
+``--as USERNAME`` names the acting staff user, who must exist, be active and staff,
+and hold ``effect_broker.resolve_effect`` (checked by the service); the events carry
+that name.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from effect_broker.domain.canonical import canonical_json, parse_json_strict
 from effect_broker.domain.errors import InvalidRequestError
 from effect_broker.domain.evidence import EVIDENCE_SHAPES
 from effect_broker.domain.states import EffectStatus
-from effect_broker.services import forking, inspection, operators, pauses, resolution
+from effect_broker.services import (
+    approvals,
+    forking,
+    inspection,
+    operators,
+    pauses,
+    resolution,
+)
 from effect_broker.services.runtime import get_runtime
 
 _STATUSES = [s.value for s in EffectStatus]
@@ -173,6 +182,24 @@ class Command(BaseCommand):
         )
         _add_acting_user(fork)
 
+        for verb, text in _DECISIONS.items():
+            decide = sub.add_parser(
+                verb,
+                help=text[0],
+                description=text[1],
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog=f"example:\n  effect-broker effects {verb} ID --as alice "
+                f"--reason '{text[2]}'",
+            )
+            decide.add_argument("effect_id")
+            decide.add_argument(
+                "--reason",
+                required=True,
+                metavar="TEXT",
+                help="why; recorded in the event with your name",
+            )
+            _add_acting_user(decide)
+
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
         if action == "list":
@@ -183,6 +210,8 @@ class Command(BaseCommand):
             self._reconcile(options["effect_id"])
         elif action == "fork":
             self._fork(options)
+        elif action in _DECISIONS:
+            self._decide(action, options)
         else:
             self._resolve(options)
 
@@ -216,7 +245,10 @@ class Command(BaseCommand):
         if not rows:
             self.stdout.write("(no effects)")
         elif any(row.needs_operator for row in rows):
-            self.stdout.write("* needs an operator: effect-broker effects resolve ID ...")
+            self.stdout.write(
+                "* needs an operator: effect-broker effects resolve ID ... "
+                "(awaiting_approval: effects approve|deny ID ...)"
+            )
 
     def _inspect(self, effect_id: str, at_sequence: int | None) -> None:
         tenant = inspection.tenant_of(effect_id)
@@ -247,7 +279,16 @@ class Command(BaseCommand):
                 self.stdout.write(f"forked     from {links.forked_from}")
             if links.forked_to:
                 self.stdout.write(f"forked     to {links.forked_to}")
-            if inspection.needs_operator(record):
+            if record.status is EffectStatus.AWAITING_APPROVAL:
+                deadline = record.next_action_at
+                self.stdout.write(
+                    "needs      an operator's approval until "
+                    f"{deadline:%Y-%m-%dT%H:%M:%SZ} (effect-broker effects "
+                    "approve|deny)"
+                    if deadline
+                    else "needs      an operator's approval"
+                )
+            elif inspection.needs_operator(record):
                 self.stdout.write(
                     "needs      an operator (effect-broker effects resolve)"
                 )
@@ -315,6 +356,47 @@ class Command(BaseCommand):
             f"{forked.new.effect_id} {forked.new.operation_key} "
             f"({forked.new.status.value}, queued for dispatch)"
         )
+
+    def _decide(self, verb: str, options: dict[str, Any]) -> None:
+        operator = operators.operator_by_username(options["acting_user"])
+        effect_id = options["effect_id"]
+        decide = approvals.approve if verb == "approve" else approvals.deny
+        after = decide(
+            inspection.tenant_of(effect_id),
+            effect_id,
+            operator=operator,
+            reason=options["reason"],
+        )
+        done, what = (
+            ("approved", "queued for dispatch, once")
+            if verb == "approve"
+            else ("denied", "never sent, and it never will be")
+        )
+        self.stdout.write(
+            f"{done} {after.effect_id}: awaiting_approval -> {after.status.value} "
+            f"({what})"
+        )
+
+
+#: ``effects approve`` and ``effects deny``: help, description, an example reason.
+_DECISIONS = {
+    "approve": (
+        "approve an effect awaiting approval (it is then dispatched once)",
+        "Approve an awaiting_approval effect, acting as the staff user named by --as.\n"
+        "The approval is bound to the effect's arguments and the contract it is\n"
+        "pinned to, and consumed by its one dispatch: a second approval is refused\n"
+        "(already_approved). Read its arguments first in the admin (an audited\n"
+        "read); past its deadline it is refused (approval_expired).",
+        "invoice 1234 checked",
+    ),
+    "deny": (
+        "deny an effect awaiting approval (failed_final, never sent)",
+        "Deny an awaiting_approval effect, acting as the staff user named by --as:\n"
+        "it ends failed_final and is never sent; your name and reason are in its\n"
+        "events.",
+        "amount does not match the invoice",
+    ),
+}
 
 
 def _add_acting_user(parser: CommandParser) -> None:

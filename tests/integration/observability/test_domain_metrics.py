@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 from prometheus_client import REGISTRY
 
@@ -130,6 +130,7 @@ def test_no_series_carries_a_tenant_an_operation_key_or_an_effect_id(bench):
         "cause",
         "outcome",
         "stage",
+        "decision",  # approved | denied | expired (issue 24)
         "le",
     }
 
@@ -264,7 +265,9 @@ def test_the_ledger_gauges_count_waiting_effects_per_contract(bench):
 def test_the_ledger_query_reads_only_waiting_rows_through_its_index(db):
     # Bounded: the partial index serves the scrape's query (the planner prefers a seq
     # scan on a tiny table, so it is told not to; an unusable index would still lose)
-    with connection.cursor() as cur:
+    # In a transaction: SET LOCAL outside one does nothing (this module's tests run
+    # in autocommit), and the planner's choice was then left to the table's stats.
+    with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SET LOCAL enable_seqscan = off")
         cur.execute("EXPLAIN " + WAITING_QUERY)
         plan = "\n".join(row[0] for row in cur.fetchall())

@@ -11,13 +11,13 @@ def names(cells: list[plan.CellId]) -> list[str]:
     return [cell.name for cell in cells]
 
 
-def test_a_full_run_plans_64_cells_with_unique_names() -> None:
+def test_a_full_run_plans_72_cells_with_unique_names() -> None:
     cells = plan.all_cells()
     # 4 classes x 6 failpoints, 4 concurrency cells, 3 zombies, 3 target-down,
     # 4 restarts, 1 restart under load, 15 edge cells, 3 classes x 2 kills behind
-    # the mcp adapter, 4 runtimes
-    assert len(cells) == 64
-    assert len(set(names(cells))) == 64
+    # the mcp adapter, 4 runtimes, 8 approval cells
+    assert len(cells) == 72
+    assert len(set(names(cells))) == 72
     # --only splits on commas: no cell name may hold one
     assert not [name for name in names(cells) if "," in name]
 
@@ -42,6 +42,7 @@ def test_a_plain_pattern_is_a_substring_of_scenario_slash_case() -> None:
         "mcp-idempotent/after_target_commit",
         "mcp-reconcilable/after_target_commit",
         "mcp-unsafe/after_target_commit",
+        "approval/approved then killed at after_target_commit",
     ]
     assert names(plan.select(plan.all_cells(), ["Unsafe/ZOMBIE"])) == [
         "unsafe/zombie worker"
@@ -124,3 +125,25 @@ def test_a_kind_without_a_runner_is_refused_before_any_cell_runs() -> None:
             report=None,  # type: ignore[arg-type]
             between=lambda: None,
         )
+
+
+def test_only_approval_selects_the_approval_cells_only() -> None:
+    # Issue 24: approved then killed at every worker boundary, redelivered, denied,
+    # expired, approved by several operators at once
+    chosen = plan.select(plan.all_cells(), ["approval"])
+    assert names(chosen) == [
+        *(
+            f"approval/approved then killed at {failpoint}"
+            for failpoint in (
+                "before_request_write",
+                "after_target_commit",
+                "before_receipt_commit",
+                "after_receipt_commit",
+            )
+        ),
+        "approval/approved with the submit redelivered 3x",
+        "approval/denied",
+        "approval/expired",
+        "approval/concurrent approvals",
+    ]
+    assert {cell.kind for cell in chosen} == {plan.APPROVAL}

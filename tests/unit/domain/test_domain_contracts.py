@@ -275,11 +275,12 @@ RULES = [
     pytest.param(
         _one(MINIMAL + "retry_limt = 5\n"),
         "contract 'p.x' v1: field 'retry_limt': unknown key; did you mean "
-        "'retry_limit'? (allowed: active, adapter, adapter_options, attempt_timeout, "
-        "backoff_initial, backoff_max, description, key_alphabet, key_retention, "
-        "key_template, max_in_flight, mcp, name, preview_fields, rate_limit, "
-        "retry_limit, safety, sandbox, secrets, settlement_bound, tenant_secrets, "
-        "tool, unknown_alert_after, upstream, version)",
+        "'retry_limit'? (allowed: active, adapter, adapter_options, approval, "
+        "approval_ttl, approval_when, attempt_timeout, backoff_initial, backoff_max, "
+        "description, key_alphabet, key_retention, key_template, max_in_flight, mcp, "
+        "name, preview_fields, rate_limit, retry_limit, safety, sandbox, secrets, "
+        "settlement_bound, tenant_secrets, tool, unknown_alert_after, upstream, "
+        "version)",
         id="unknown key",
     ),
     pytest.param(

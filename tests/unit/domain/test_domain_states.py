@@ -24,7 +24,10 @@ S = EffectStatus
 
 # The table from the spec diagram plus operator resolution, spelled out independently.
 SPEC_TABLE = {
-    S.PREPARED: {S.DISPATCHING, S.FAILED_FINAL},
+    # Issue 24: approval comes before anything is sent; an approval that no longer
+    # matches the pinned contract sends the prepared effect back to an operator.
+    S.AWAITING_APPROVAL: {S.PREPARED, S.FAILED_FINAL},
+    S.PREPARED: {S.DISPATCHING, S.FAILED_FINAL, S.AWAITING_APPROVAL},
     S.DISPATCHING: {S.SUCCEEDED, S.FAILED_FINAL, S.RETRYABLE, S.OUTCOME_UNKNOWN},
     S.RETRYABLE: {S.DISPATCHING, S.FAILED_FINAL, S.MANUAL_REVIEW},
     S.OUTCOME_UNKNOWN: {S.RECONCILING, S.MANUAL_REVIEW},
@@ -60,6 +63,7 @@ def test_given_enums_then_values_are_the_spec_strings() -> None:
         "failed_final",
         "manual_review",
         "compensated",
+        "awaiting_approval",
     ]
     assert [s.value for s in ProbeStatus] == ["committed", "not_committed", "unknown"]
 
@@ -167,6 +171,14 @@ class EffectLifecycle(RuleBasedStateMachine):
         # or MANUAL_REVIEW (an operator), never directly.
         for before, after in itertools.pairwise(self.history):
             assert (before, after) != (S.OUTCOME_UNKNOWN, S.DISPATCHING)
+
+    @invariant()
+    def nothing_is_dispatched_straight_from_awaiting_approval(self) -> None:
+        # Issue 24: an approval makes the effect prepared (one dispatch job); no edge
+        # sends an effect that still waits for one.
+        for before, after in itertools.pairwise(self.history):
+            if before is S.AWAITING_APPROVAL:
+                assert after in (S.PREPARED, S.FAILED_FINAL)
 
     @invariant()
     def terminal_failure_and_compensation_are_absorbing(self) -> None:
