@@ -21,7 +21,7 @@ from effect_broker.client.errors import (
     OutcomeUnknown,
     WaitTimeout,
 )
-from effect_broker.client.models import UNKNOWN_STATUSES, Effect
+from effect_broker.client.models import APPROVAL_STATUSES, UNKNOWN_STATUSES, Effect
 from effect_broker.domain.waits import Until, stops
 
 #: ``wait``'s ``until``: ``"answer"`` (default) or ``"settled"`` (``domain.waits``).
@@ -78,9 +78,12 @@ def check(effect: Effect, until: Until = Until.ANSWER) -> Effect | None:
 
 def next_pause(pauses: Iterator[float], effect: Effect) -> float:
     """The pause before the next read of ``effect``: the growing schedule, or
-    ``POLL_OPERATOR`` while a wait for ``settled`` waits for a person."""
+    ``POLL_OPERATOR`` while the wait waits for a person: an operator's resolution
+    (``settled``) or approval (either way: the broker answers a long-poll at once
+    for an effect awaiting approval, so the pause is what paces the reads)."""
     step = next(pauses)
-    return max(step, POLL_OPERATOR) if effect.needs_operator else step
+    waits_for_person = effect.needs_operator or effect.status in APPROVAL_STATUSES
+    return max(step, POLL_OPERATOR) if waits_for_person else step
 
 
 def timed_out(effect: Effect, timeout: float) -> Exception:
@@ -89,6 +92,19 @@ def timed_out(effect: Effect, timeout: float) -> Exception:
     decide), else ``WaitTimeout`` (still running)."""
     if effect.status in UNKNOWN_STATUSES or effect.needs_operator:
         return outcome_unknown(effect, waited=timeout)
+    if effect.status in APPROVAL_STATUSES:
+        until = (
+            f", until {effect.approval_deadline.isoformat()}"
+            if effect.approval_deadline
+            else ""
+        )
+        return WaitTimeout(
+            f"effect {effect.effect_id} ({effect.tool}) is still awaiting_approval after "
+            f"{timeout:g}s: it waits for an operator's approval{until}, and nothing has "
+            "been sent. Wait for it again, or submit the same operation key "
+            f"{effect.operation_key!r} with the same arguments: that replays it.",
+            effect=effect,
+        )
     return WaitTimeout(
         f"effect {effect.effect_id} ({effect.tool}) is still {effect.status} after "
         f"{timeout:g}s. Wait for it again, or submit the same operation key "

@@ -40,4 +40,6 @@ def test_the_two_ways_to_wait_differ_only_where_an_operator_must_decide() -> Non
     answer = _stops(settled_for_caller)
     settled = _stops(lambda record: stops_waiting(Until.SETTLED, record))
     assert settled == {"succeeded", "failed_final", "compensated"}
-    assert answer - settled == {"outcome_unknown", "manual_review"}
+    # An answer also comes at once for an effect awaiting approval: its caller (an
+    # agent over MCP, a long-poll) learns that it waits for a person, unsent.
+    assert answer - settled == {"outcome_unknown", "manual_review", "awaiting_approval"}

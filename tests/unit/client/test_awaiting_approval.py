@@ -10,6 +10,7 @@ import pytest
 
 from effect_broker.client import WaitTimeout
 from effect_broker.client.models import APPROVAL_STATUSES, Effect
+from effect_broker.client.waiting import POLL_OPERATOR, next_pause, poll_intervals
 from tests.unit.client.conftest import FakeClock, effect_json
 from tests.unit.client.test_waiting import FakeBroker
 
@@ -45,3 +46,14 @@ def test_a_wait_shorter_than_the_approval_is_a_wait_timeout(clock: FakeClock) ->
     assert ran_out.value.effect is not None
     assert ran_out.value.effect.status == "awaiting_approval"
     assert "awaiting_approval" in str(ran_out.value)
+
+
+def test_while_it_awaits_approval_the_reads_are_paced_for_a_person() -> None:
+    # The broker answers a long-poll at once for an effect awaiting approval, so the
+    # client's own pause is all that spaces the reads: a person's pace, not 1 Hz.
+    waiting = Effect.from_wire(
+        effect_json("awaiting_approval", approval_deadline=DEADLINE)
+    )
+    running = Effect.from_wire(effect_json("dispatching"))
+    assert next_pause(poll_intervals(), waiting) >= POLL_OPERATOR
+    assert next_pause(poll_intervals(), running) < POLL_OPERATOR
