@@ -206,8 +206,8 @@ def langgraph_key(
     subgraph's namespace embeds that id). A key built from them would name a second
     operation: a second charge (``tests/unit/test_keys.py`` shows the step move).
     Earlier releases built the key from node and step; that call
-    (``langgraph_key(thread_id, node, step)``) is now a ``TypeError``, so it cannot
-    silently become another key.
+    (``langgraph_key(thread_id, node, step)``) is now a ``TypeError``: it fails
+    loudly instead of silently naming a second operation.
 
     Where it stops: two threads performing the same business operation have two
     keys; when a user may start the same operation in a new thread, use
