@@ -62,6 +62,10 @@ class PlainFormatter(logging.Formatter):
 #: procrastinate jobs that run on a timer whatever the load: the sweep every second and
 #: the hourly cleanup. Their start, end and deferral lines are routine.
 ROUTINE_TASKS = frozenset({"effect_broker.sweep", "effect_broker.remove_finished_jobs"})
+#: procrastinate's lines about loading the app's own task list, logged by every process
+#: that loads it (six lines before ``effect-broker worker --help`` printed its usage):
+#: they describe the code, not what happened.
+ROUTINE_ACTIONS = frozenset({"registering_periodic_task", "loading_blueprint"})
 
 
 class RoutineJobsAtDebug(logging.Filter):
@@ -70,7 +74,9 @@ class RoutineJobsAtDebug(logging.Filter):
     Issue 20: a worker at INFO logged three lines a second for the sweep (deferred,
     started, ended), about 80% of its log, burying the lines about effects. A sweep
     that acts says so itself (``services.sweeper``: one warning with its counts), so
-    these lines only ever said "nothing to do". At DEBUG they are still there.
+    these lines only ever said "nothing to do". Likewise the lines about registering
+    the app's periodic tasks and blueprints at start-up (``ROUTINE_ACTIONS``). At DEBUG
+    they are still there.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -78,7 +84,9 @@ class RoutineJobsAtDebug(logging.Filter):
             return True
         job = getattr(record, "job", None)
         task = job.get("task_name") if isinstance(job, dict) else None
-        if task not in ROUTINE_TASKS:
+        if task not in ROUTINE_TASKS and getattr(record, "action", None) not in (
+            ROUTINE_ACTIONS
+        ):
             return True
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)

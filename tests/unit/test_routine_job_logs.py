@@ -59,3 +59,22 @@ def test_the_sweeps_job_lines_are_debug_and_a_dispatchs_are_info(
     job_line("effect_broker.sweep", "Starting job effect_broker.sweep[4]()")
     assert "sweep[4]" in stream.getvalue()
     assert "DEBUG" in stream.getvalue().splitlines()[-1]
+
+
+def test_registering_the_apps_tasks_at_start_up_is_debug(
+    worker_log: tuple[io.StringIO, dict[str, Any]],
+) -> None:
+    # Every process that loads the app logged these (six lines before `effect-broker
+    # worker --help` printed its usage); a real job's line stays at INFO.
+    stream, _ = worker_log
+    logging.getLogger("procrastinate.periodic").info(
+        "Registering task effect_broker.sweep with periodic id 'sweep'",
+        extra={"action": "registering_periodic_task", "task": "effect_broker.sweep"},
+    )
+    logging.getLogger("procrastinate.blueprints").info(
+        "Adding tasks from blueprint", extra={"action": "loading_blueprint"}
+    )
+    job_line("effect_broker.dispatch_effect", "Starting job dispatch_effect[5]()")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1, lines
+    assert "dispatch_effect[5]" in lines[0]
