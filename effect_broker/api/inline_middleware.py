@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase
 from django.middleware import clickjacking, common, csrf, security
 from whitenoise.middleware import WhiteNoiseMiddleware
@@ -107,6 +108,8 @@ class StaticFilesMiddleware(WhiteNoiseMiddleware):  # type: ignore[misc]
 
     def __init__(self, get_response: Any) -> None:
         super().__init__(get_response)
+        # Without WHITENOISE_ROOT every file it serves is under STATIC_URL.
+        self._under_static_only = not getattr(settings, "WHITENOISE_ROOT", None)
         self.async_mode = iscoroutinefunction(get_response)
         if self.async_mode:
             markcoroutinefunction(self)
@@ -117,11 +120,14 @@ class StaticFilesMiddleware(WhiteNoiseMiddleware):  # type: ignore[misc]
         return super().__call__(request)
 
     async def _acall(self, request: HttpRequest) -> HttpResponseBase:
-        if self.autorefresh:
+        path = request.path_info
+        if self._under_static_only and not path.startswith(self.static_prefix):
+            static_file = None
+        elif self.autorefresh:
             # Looks on disk (DEBUG): not in the event loop.
-            static_file = await sync_to_async(self.find_file)(request.path_info)
+            static_file = await sync_to_async(self.find_file)(path)
         else:
-            static_file = self.files.get(request.path_info)
+            static_file = self.files.get(path)
         if static_file is None:
             return await self.get_response(request)  # type: ignore[no-any-return]
         # Opens the file: in the sync thread, as Django would have run WhiteNoise.
