@@ -90,14 +90,20 @@ def http_path(
             "PostgreSQL's processes are not visible here (another machine, container "
             "or user): its CPU per HTTP submit and per effect is not measured"
         )
+    modes = [key for key in opts.serving_modes if not _unavailable(key, result)]
+    # Every server of the phase starts now, at once: their start-ups (imports,
+    # Django, each a second or more of CPU) overlap instead of following each other,
+    # and an idle server costs the others' windows nothing (no timer in uvicorn; a
+    # gunicorn master wakes once a second).
+    servers = _start_servers(env, services, opts, modes)
     sampler = ConnectionSampler(db.admin_url, db.name)
-    server = ApiServer(VARIANTS[SHIPPED], env, services.workdir)
     load = _Load(api_key, pg_pid, sampler, warmup, window)
+    server = servers[SHIPPED]
     try:
         server.wait_ready()
         sampler.start()
         figures.scale_out = _scale_out(
-            server, api_key, env, all_cases["submit"], services, db, pg_pid, opts, say
+            servers, api_key, all_cases["submit"], services, db, pg_pid, opts, say
         )
         figures.e2e = next(
             e for e in figures.scale_out if (e.api_processes, e.workers) == (1, 2)
@@ -110,20 +116,39 @@ def http_path(
                 r = load.measure(server, all_cases[key], level)
                 figures.results.append(r)
                 _say_level(say, r)
+        server.stop()  # the modes' windows run with only their own server busy
+        if modes:
+            figures.modes[SHIPPED] = SERVING_LABELS[SHIPPED]
+        for key in modes:
+            _serving_mode(figures, servers[key], load, all_cases, say)
+            figures.modes[key] = SERVING_LABELS[key]
     finally:
         sampler.stop()
-        server.stop()
-    if opts.serving_modes:
-        figures.modes[SHIPPED] = SERVING_LABELS[SHIPPED]
-        load.sampler = ConnectionSampler(db.admin_url, db.name)
-        load.sampler.start()
-        try:
-            _serving_modes(figures, opts, env, services, load, all_cases, result, say)
-        finally:
-            load.sampler.stop()
+        for each in servers.values():
+            each.stop()
     # The levels' submits queued jobs no worker will run: drop them, and vacuum, so
     # the phases after this one start on the tables they would have had.
     pipeline.drain_stale_jobs()
+
+
+def _start_servers(
+    env: dict[str, str], services: Services, opts: BenchOptions, modes: list[str]
+) -> dict[str, ApiServer]:
+    """The shipped server, one per other API process count of ``--scale-out``, one
+    per serving mode: started, not yet waited for."""
+    servers = {SHIPPED: ApiServer(VARIANTS[SHIPPED], env, services.workdir)}
+    for processes in sorted({p for p, _ in opts.scale_out} - {1}):
+        key = f"{SHIPPED}{processes}"
+        variant = Variant(
+            key,
+            f"{processes} API processes (serve --workers {processes})",
+            env=VARIANTS[SHIPPED].env,
+            serve_options={"workers": processes},
+        )
+        servers[key] = ApiServer(variant, env, services.workdir)
+    for key in modes:
+        servers[key] = ApiServer(VARIANTS[key], env, services.workdir)
+    return servers
 
 
 #: Short names of the serving modes in the HTTP table.
@@ -135,42 +160,34 @@ SERVING_LABELS = {
 }
 
 
-def _serving_modes(
+def _serving_mode(
     figures: HttpFigures,
-    opts: BenchOptions,
-    env: dict[str, str],
-    services: Services,
+    server: ApiServer,
     load: _Load,
     all_cases: dict[str, Case],
-    result: BenchResult,
     say: Say,
 ) -> None:
-    """The top level's cases on each other way of serving the API, one at a time."""
-    top = figures.top
-    for key in opts.serving_modes:
-        missing = _unavailable(key)
-        if missing:
-            result.notes.append(f"serving mode {key} not measured: {missing}")
-            continue
-        server = ApiServer(VARIANTS[key], env, services.workdir)
-        try:
-            server.wait_ready()
-            for case in ("healthz", "bare", "submit"):
-                r = load.measure(server, all_cases[case], top)
-                figures.results.append(r)
-                _say_level(say, r)
-        finally:
-            server.stop()
-        figures.modes[key] = SERVING_LABELS[key]
+    """The top level's cases on another way of serving the API; then stop it."""
+    try:
+        server.wait_ready()
+        for case in ("healthz", "bare", "submit"):
+            r = load.measure(server, all_cases[case], figures.top)
+            figures.results.append(r)
+            _say_level(say, r)
+    finally:
+        server.stop()
 
 
-def _unavailable(key: str) -> str:
-    """Why serving mode ``key`` cannot run here ('' when it can)."""
+def _unavailable(key: str, result: BenchResult) -> bool:
+    """True (with a note in the report) when serving mode ``key`` cannot run here."""
+    missing = ""
     if key == "wsgi" and importlib.util.find_spec("gunicorn") is None:
-        return "gunicorn is not installed (pip install 'effect-broker[wsgi]')"
+        missing = "gunicorn is not installed (pip install 'effect-broker[wsgi]')"
     if key == "httptools" and importlib.util.find_spec("httptools") is None:
-        return "httptools is not installed (serve runs uvicorn with h11)"
-    return ""
+        missing = "httptools is not installed (serve runs uvicorn with h11)"
+    if missing:
+        result.notes.append(f"serving mode {key} not measured: {missing}")
+    return bool(missing)
 
 
 def _say_level(say: Say, r: LevelResult) -> None:
@@ -237,9 +254,8 @@ class _Load:
 
 
 def _scale_out(
-    server: ApiServer,
+    servers: dict[str, ApiServer],
     api_key: str,
-    env: dict[str, str],
     case: Case,
     services: Services,
     db: BenchDatabase,
@@ -248,44 +264,27 @@ def _scale_out(
     say: Say,
 ) -> list[EndToEnd]:
     """End to end for each (API processes, workers) of ``opts.scale_out``: workers
-    started once per count, each API server once, the 1-process one being
-    ``server``."""
+    started once per count; a server of more than one process is stopped once its
+    runs are done."""
     runs: list[EndToEnd] = []
-    servers = {1: server}
-    try:
-        for workers in sorted({w for _, w in opts.scale_out}):
-            with running_workers(services, workers) as running:
-                for processes, _ in (c for c in opts.scale_out if c[1] == workers):
-                    api = servers.get(processes)
-                    if api is None:
-                        api = ApiServer(
-                            Variant(
-                                f"{SHIPPED}{processes}",
-                                f"{processes} API processes (serve --workers)",
-                                env=VARIANTS[SHIPPED].env,
-                                serve_options={"workers": processes},
-                            ),
-                            env,
-                            services.workdir,
-                        )
-                        servers[processes] = api
-                        api.wait_ready()
-                    runs.append(
-                        _end_to_end(
-                            api, api_key, processes, case, running, db, pg_pid, opts
-                        )
-                    )
-                    e2e = runs[-1]
-                    say(
-                        f"      end to end, {processes} API process(es) + {workers} "
-                        f"workers, {e2e.http.concurrency} callers: "
-                        f"{e2e.http.rate:,.0f} submits/s, {e2e.rate:,.0f} effects/s, "
-                        f"errors {e2e.http.error_count}"
-                    )
-    finally:
-        for processes, api in servers.items():
-            if processes != 1:
-                api.stop()
+    last_use = {p: max(w for q, w in opts.scale_out if q == p) for p, _ in opts.scale_out}
+    for workers in sorted({w for _, w in opts.scale_out}):
+        with running_workers(services, workers) as running:
+            for processes, _ in (c for c in opts.scale_out if c[1] == workers):
+                api = servers[SHIPPED if processes == 1 else f"{SHIPPED}{processes}"]
+                api.wait_ready()
+                e2e = _end_to_end(
+                    api, api_key, processes, case, running, db, pg_pid, opts
+                )
+                runs.append(e2e)
+                say(
+                    f"      end to end, {processes} API process(es) + {workers} "
+                    f"workers, {e2e.http.concurrency} callers: "
+                    f"{e2e.http.rate:,.0f} submits/s, {e2e.rate:,.0f} effects/s, "
+                    f"errors {e2e.http.error_count}"
+                )
+                if processes != 1 and last_use[processes] == workers:
+                    api.stop()
     return runs
 
 
