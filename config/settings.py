@@ -175,6 +175,14 @@ if _prepared not in ("on", "off"):
         f"EFFECT_BROKER_DB_PREPARED_STATEMENTS must be on or off, got {_prepared!r}"
     )
 EFFECT_BROKER_DB_PREPARED_STATEMENTS = _prepared == "on"
+#: Where the API's one LISTEN connection (services.awaiting.ChangeHub: the long-poll,
+#: the MCP proxy tools' waits) connects, when not to DATABASE_URL: behind a pooler in
+#: transaction mode (PgBouncer), a LISTEN lasts only as long as its transaction's
+#: server connection, so the listener must reach PostgreSQL directly (issue 25;
+#: docs/scaling.md). Unset: DATABASE_URL.
+EFFECT_BROKER_LISTEN_DATABASE_URL = (
+    os.environ.get("EFFECT_BROKER_LISTEN_DATABASE_URL", "").strip() or None
+)
 #: The API process's in-flight request limit (effect_broker.api.admission).
 EFFECT_BROKER_API_ADMISSION = capacity.admission(
     EFFECT_BROKER_PROCESS_ROLE, DATABASES["default"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from effect_broker.api.admission import ASGIApp, Receive, Scope, Send
@@ -81,3 +82,37 @@ class QueryCredentialGuard:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def refused_names(query_string: str) -> list[str]:
+    """The parameters of ``query_string`` that carry a credential."""
+    pairs = parse_qsl(query_string, keep_blank_values=True)
+    return [name for name, value in pairs if _is_credential(name, value)]
+
+
+class WsgiQueryCredentialGuard:
+    """WSGI middleware (``effect-broker serve --wsgi``): the same 400
+    ``credential_in_query``. The access log cannot be scrubbed from here (gunicorn
+    logs from its own parse of the request line), so ``serve --wsgi`` logs paths
+    without their query string instead."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        if not refused_names(environ.get("QUERY_STRING", "")):
+            return self.app(environ, start_response)
+        logger.warning(
+            "refused: credential in query string",
+            extra={"action": "credential_in_query", "path": environ.get("PATH_INFO")},
+        )
+        body = problem_body(
+            CredentialInQueryError.http_status,
+            CredentialInQueryError.code,
+            CredentialInQueryError.default_message(),
+        )
+        start_response(
+            f"{CredentialInQueryError.http_status} Bad Request",
+            [("Content-Type", PROBLEM_JSON), ("Content-Length", str(len(body)))],
+        )
+        return [body]

@@ -5,13 +5,15 @@ Every transition appends one ``effect_events`` row, and its trigger notifies
 in (migration 0014: final, manual review, outcome unknown). A listener is a
 dedicated autocommit connection (LISTEN on a pooled or transactional connection would
 miss notifications or hold a transaction open), opened to the same database Django
-uses. One such connection serves every waiter of a process
-(``services.awaiting.ChangeHub``).
+uses - or to ``EFFECT_BROKER_LISTEN_DATABASE_URL`` when set: behind a pooler in
+transaction mode a LISTEN would not outlive its statement's server connection. One
+such connection serves every waiter of a process (``services.awaiting.ChangeHub``).
 """
 
 from __future__ import annotations
 
 import psycopg
+from django.conf import settings
 from django.db import connection
 
 from effect_broker.store.database_url import url_from_settings
@@ -28,7 +30,9 @@ async def open_listener() -> psycopg.AsyncConnection[tuple[object, ...]]:
     LISTEN has taken effect when this returns: a change committed after it is
     notified on this connection, and one committed before is in any later read.
     """
-    url = url_from_settings(connection.settings_dict)
+    url = settings.EFFECT_BROKER_LISTEN_DATABASE_URL or url_from_settings(
+        connection.settings_dict
+    )
     conn = await psycopg.AsyncConnection.connect(
         url, autocommit=True, application_name=LISTENER_APPLICATION_NAME
     )

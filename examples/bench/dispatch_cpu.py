@@ -13,6 +13,7 @@ server does meanwhile (autovacuum) lands in it too, which is why the run vacuums
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -27,12 +28,15 @@ from examples.bench.http_servers import postmaster_pid, process_tree_cpu
 from examples.bench.noop_task import noop
 from examples.bench.pipeline import Pipeline
 from examples.bench.report import BenchResult
+from examples.crash_matrix.workers import WorkerProcess
 
 Say = Callable[[str], None]
 
 #: Keys of ``BenchResult.cpu_per_item`` (milliseconds of CPU per item).
 EFFECT_WORKER, EFFECT_PG = "effect_worker_ms", "effect_postgres_ms"
 JOB_WORKER, JOB_PG = "job_worker_ms", "job_postgres_ms"
+#: Items of each kind drained to warm the worker up, unmeasured.
+WARM_ITEMS = 50
 #: Series of this process's drains: each drain submits new keys and new job args.
 _SERIES = itertools.count(1)
 
@@ -94,23 +98,25 @@ def dispatch_cpu(
     services: Services,
     pipeline: Pipeline,
     say: Say,
+    worker: WorkerProcess | None = None,
 ) -> None:
     """Fill ``result.cpu_per_item`` from one worker's drains of ``items`` effects and
-    ``items`` bare jobs; print the figures."""
+    ``items`` bare jobs; print the figures. ``worker``: one already running (the
+    1-worker pipeline's; a start saved), else one is started."""
     pg_pid = postmaster_pid(services.database_url)
     if pg_pid is None:
         result.notes.append("CPU per item: PostgreSQL runs elsewhere; not measured")
         return
 
-    def effects() -> list:
+    def effects(count: int = items) -> list:
         series = f"cpu{next(_SERIES)}"
         return [
-            pipeline.cases.submit_new_series(series, i).effect_id for i in range(items)
+            pipeline.cases.submit_new_series(series, i).effect_id for i in range(count)
         ]
 
-    def jobs() -> list:
+    def jobs(count: int = items) -> list:
         base = (900 + next(_SERIES)) * 1_000_000
-        return [int(noop.defer(n=base + i)) for i in range(items)]
+        return [int(noop.defer(n=base + i)) for i in range(count)]
 
     receipts = "SELECT count(*) FROM effect_receipts WHERE effect_id = ANY(%s::uuid[])"
     finished = (
@@ -120,12 +126,16 @@ def dispatch_cpu(
     pipeline.drain_stale_jobs()
     with (
         psycopg.connect(services.database_url, autocommit=True) as db,
-        running_workers(services, 1) as workers,
+        contextlib.ExitStack() as stack,
     ):
-        pid = workers[0].pid
-        # Warm the worker (imports, first connection, contracts) outside the figures.
-        _drain(pid, pg_pid, db, effects, receipts)
-        _drain(pid, pg_pid, db, jobs, finished)
+        if worker is None:
+            (worker,) = stack.enter_context(running_workers(services, 1))
+        pid = worker.pid
+        # Warm the worker (imports, first connection, contracts, each statement's
+        # plan) outside the figures: a few items of each do it.
+        warm = min(items, WARM_ITEMS)
+        _drain(pid, pg_pid, db, lambda: effects(warm), receipts)
+        _drain(pid, pg_pid, db, lambda: jobs(warm), finished)
         effect = _drain(pid, pg_pid, db, effects, receipts)
         job = _drain(pid, pg_pid, db, jobs, finished)
     cpu = result.cpu_per_item

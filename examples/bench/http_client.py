@@ -44,7 +44,9 @@ class Case:
 
 
 def cases(tool: str, replay_keys: list[str]) -> dict[str, Case]:
-    """submit (a new key each time), replay (an existing key, same payload), healthz."""
+    """submit (a new key each time), replay (an existing key, same payload), healthz,
+    and bare (a plain Django view: only on servers run with the bench's settings,
+    ``examples.bench.served_settings``)."""
     run = uuid.uuid4().hex[:8]
 
     def new_key(client: int, n: int) -> bytes:
@@ -70,6 +72,7 @@ def cases(tool: str, replay_keys: list[str]) -> dict[str, Case]:
             "replay", "POST /v1/effects, existing key", "POST", "/v1/effects", 200, replay
         ),
         "healthz": Case("healthz", "GET /healthz", "GET", "/healthz", 200),
+        "bare": Case("bare", "GET a bare Django view", "GET", "/v1/bench/bare", 200),
     }
 
 

@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
 import psycopg
@@ -99,13 +99,59 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class Variant:
-    """One way of running the API process."""
+    """One way of running the API process: a uvicorn application and its flags, or
+    ``serve``'s own command line (``serve_options``: what ``effect-broker serve``
+    would exec, WSGI or ASGI, with the port filled in)."""
 
     key: str
     label: str
-    uvicorn_app: tuple[str, ...]
+    uvicorn_app: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    #: ``serve``'s options (``--wsgi`` and the like): the command is serve's.
+    serve_options: dict[str, Any] | None = None
 
+    def argv(self, port: int) -> list[str]:
+        """The server's command line on ``port``."""
+        if self.serve_options is not None:
+            from effect_broker.management.commands.serve import (
+                default_threads,
+                gunicorn_argv,
+                uvicorn_argv,
+            )
+
+            options = {**SERVE_DEFAULTS, **self.serve_options, "port": port}
+            if options.get("wsgi"):
+                options["threads"] = options.get("threads") or default_threads()
+                return gunicorn_argv(options)
+            return uvicorn_argv(options)
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            *self.uvicorn_app,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ]
+
+
+#: ``serve``'s options as the bench runs it: one process, quiet, no access log.
+SERVE_DEFAULTS: dict[str, Any] = {
+    "host": "127.0.0.1",
+    "workers": 1,
+    "graceful_timeout": 5,
+    "log_level": "warning",
+    "forwarded_allow_ips": "",
+    "access_log": False,
+    "wsgi": False,
+    "threads": None,
+}
+#: The bench's settings for served processes: the project's, plus one bare view.
+BARE_VIEW_SETTINGS = {"DJANGO_SETTINGS_MODULE": "examples.bench.served_settings"}
 
 VARIANTS = {
     "before": Variant(
@@ -116,14 +162,36 @@ VARIANTS = {
     ),
     "pooled": Variant(
         "pooled",
-        "pooled: config.asgi (pool, in-flight limit, API routes skip admin middleware)",
-        ("config.asgi:application",),
+        "ASGI as served: effect-broker serve (uvicorn, config.asgi: pool, in-flight "
+        "limit, no thread hop in the middleware)",
+        env=BARE_VIEW_SETTINGS,
+        serve_options={},
+    ),
+    "hops": Variant(
+        "hops",
+        "ASGI before issue 25: the same guards around Django's stock ASGI handler "
+        "(a thread hop per middleware hook), uvicorn with h11",
+        ("examples.bench.asgi_with_hops:application", "--http", "h11"),
+        BARE_VIEW_SETTINGS,
+    ),
+    "httptools": Variant(
+        "httptools",
+        "ASGI as served, but uvicorn's httptools parser (C) instead of h11",
+        ("config.asgi:application", "--http", "httptools", "--lifespan", "on"),
+        BARE_VIEW_SETTINGS,
+    ),
+    "wsgi": Variant(
+        "wsgi",
+        "WSGI: effect-broker serve --wsgi (gunicorn gthread, threads = pool size)",
+        env=BARE_VIEW_SETTINGS,
+        serve_options={"wsgi": True},
     ),
 }
 
 
 class ApiServer:
-    """One real ``uvicorn`` API process (one worker process) on a free port."""
+    """One real API process (uvicorn, or gunicorn for ``serve --wsgi``; one worker
+    process) on a free port."""
 
     def __init__(
         self, variant: Variant, env: dict[str, str], log_dir: Path, root: Path = ROOT
@@ -148,20 +216,13 @@ class ApiServer:
         }
         if root != ROOT:
             full_env["PYTHONPATH"] = str(root)
+        if variant.serve_options is not None:
+            # What ``serve`` puts in the environment before it execs the server.
+            from config.capacity import API, ROLE_ENV
+
+            full_env[ROLE_ENV] = API
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                *variant.uvicorn_app,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--no-access-log",
-                "--log-level",
-                "warning",
-            ],
+            variant.argv(self.port),
             cwd=root,
             env=full_env,
             stdout=self._log,
@@ -183,8 +244,8 @@ class ApiServer:
         raise RuntimeError(f"{self.variant.key} API did not start:\n{self.log_tail()}")
 
     def cpu_seconds(self) -> float:
-        """CPU time the API process has used so far."""
-        return process_cpu(self.process.pid)
+        """CPU time the API process has used so far (gunicorn: master and worker)."""
+        return process_tree_cpu(self.process.pid)
 
     def log_tail(self, lines: int = 30) -> str:
         """The end of the server's log."""

@@ -20,6 +20,8 @@ DEFAULTS: dict[str, Any] = {
     "scale": "10k,1m",
     "http_levels": "1,8,32,256",
     "http_seconds": 3.0,
+    "scale_out": "1x2,2x2,2x4",
+    "serving_modes": "hops,httptools,wsgi",
 }
 QUICK: dict[str, Any] = {
     "repetitions": 2,
@@ -28,7 +30,11 @@ QUICK: dict[str, Any] = {
     "scale": "10k",
     "http_levels": "1,8,256",
     "http_seconds": 1.0,
+    "scale_out": "1x2,2x2",
+    "serving_modes": "hops,httptools,wsgi",
 }
+#: Serving modes the HTTP phase can compare with the shipped one (http_servers).
+SERVING_MODES = ("hops", "httptools", "wsgi")
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,11 @@ class BenchOptions:
     http_seconds: float
     json_path: Path | None
     png_path: Path | None
+    #: End to end through the API: (API processes, worker processes) per run; always
+    #: holds (1, 2), the target's figure.
+    scale_out: tuple[tuple[int, int], ...] = ((1, 2),)
+    #: Other ways of serving the API measured at the top level (``SERVING_MODES``).
+    serving_modes: tuple[str, ...] = ()
     #: ``--soak`` / ``--with-soak``: the soak's options (examples/bench/soak.py).
     soak: SoakOptions | None = None
     #: ``--with-soak``: every phase, then the soak, in one report; with ``soak`` set
@@ -129,6 +140,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {DEFAULTS['http_seconds']:g}, --quick {QUICK['http_seconds']:g})",
     )
     parser.add_argument(
+        "--scale-out",
+        metavar="LIST",
+        help="end to end through the API with several API processes and workers "
+        "against the one PostgreSQL, as APIxWORKERS (1x2 always runs) "
+        f"(default {DEFAULTS['scale_out']}, --quick {QUICK['scale_out']})",
+    )
+    parser.add_argument(
+        "--serving-modes",
+        metavar="LIST",
+        help="other ways of serving the API measured at the top HTTP level: hops "
+        "(the ASGI path before issue 25), httptools (uvicorn's C parser, if "
+        "installed), wsgi "
+        "(serve --wsgi); 'none' skips them "
+        f"(default {DEFAULTS['serving_modes']})",
+    )
+    parser.add_argument(
         "--json", type=Path, metavar="PATH", help="also write the results as JSON here"
     )
     parser.add_argument(
@@ -158,6 +185,27 @@ def _bounded(name: str, value: int, low: int, high: int) -> int:
             f"--{name} must be between {low} and {high}, got {value}"
         )
     return value
+
+
+def _scale_out(text: str) -> tuple[tuple[int, int], ...]:
+    """``1x2,2x2`` -> ((1, 2), (2, 2)), with (1, 2) always in; 'none': (1, 2) only."""
+    pairs = {(1, 2)}
+    text = text.strip().lower()
+    if text not in {"none", ""}:
+        for part in text.split(","):
+            api, _, workers = part.strip().partition("x")
+            try:
+                pair = (int(api), int(workers))
+            except ValueError:
+                raise InvalidRequestError(
+                    f"--scale-out must list APIxWORKERS pairs such as 2x2, got {part!r}"
+                ) from None
+            if not (1 <= pair[0] <= 8 and 1 <= pair[1] <= 16):
+                raise InvalidRequestError(
+                    "--scale-out: API processes must be 1-8 and workers 1-16"
+                )
+            pairs.add(pair)
+    return tuple(sorted(pairs, key=lambda p: (p[1], p[0])))
 
 
 def from_cli(raw: dict[str, Any]) -> BenchOptions:
@@ -193,6 +241,17 @@ def from_cli(raw: dict[str, Any]) -> BenchOptions:
         raise InvalidRequestError(
             f"--http-seconds must be between 0.1 and 30, got {http_seconds:g}"
         )
+    scale_out = _scale_out(raw.get("scale_out") or base["scale_out"])
+    modes_text = (raw.get("serving_modes") or base["serving_modes"]).strip().lower()
+    serving_modes: tuple[str, ...] = ()
+    if modes_text not in {"none", ""}:
+        serving_modes = tuple(dict.fromkeys(m.strip() for m in modes_text.split(",")))
+        unknown = [m for m in serving_modes if m not in SERVING_MODES]
+        if unknown:
+            raise InvalidRequestError(
+                f"--serving-modes: unknown {', '.join(unknown)}; choose from "
+                f"{', '.join(SERVING_MODES)} or none"
+            )
     json_path = raw.get("json")
     png_path = raw.get("png")
     if png_path is None and json_path is not None:
@@ -213,6 +272,8 @@ def from_cli(raw: dict[str, Any]) -> BenchOptions:
         reconcilable_samples=max(1, min(5, samples // 4)),
         http_levels=http_levels,
         http_seconds=float(http_seconds),
+        scale_out=scale_out,
+        serving_modes=serving_modes if http_levels else (),
         json_path=Path(json_path) if json_path else None,
         png_path=Path(png_path) if png_path else None,
         soak=soak_from_cli(raw),

@@ -1,11 +1,12 @@
-"""Submits per second from 1 client process and from 8 (issue 13: "submits/s with 8
-client processes vs 1 ≥ 3x").
+"""Submits per second from 1 client process and from 2 (issue 25: "2 client processes
+≥ 1.7x one", restating issue 13's "8 client processes vs 1 ≥ 3x", which 2 vCPUs
+cannot show: one process and its PostgreSQL backend keep about one of them busy).
 
 Each client is its own OS process (multiprocessing ``spawn``: its own interpreter,
 Django setup and database connection), calling the service-level submit with keys never
 seen before, as the API would. The clients are started once and kept: each round tells
 1 or all of them to submit for the same fixed wall-clock window, starting together, and
-counts the submits that completed inside it. Rounds alternate 1 and 8 clients so both
+counts the submits that completed inside it. Rounds alternate 1 and 2 clients so both
 see the same machine. What is measured is the broker's contention (the unique index,
 the job table, commits), not the cost of starting processes.
 
@@ -25,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: Client processes of the parallel rounds (the single-process round uses one of them).
-CLIENTS = 8
+CLIENTS = 2
 #: Parallel / single submits per second: at least this.
-MIN_RATIO = 3.0
+MIN_RATIO = 1.7
 #: Submits each client makes before the first round (connection, caches, plans).
 WARMUP = 5
 #: How long before a round's start its command is sent, so every client is waiting.

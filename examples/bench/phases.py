@@ -123,7 +123,11 @@ def pipelines(
     say: Say,
 ) -> None:
     """Bare procrastinate vs the broker through 1, 2, 4… worker processes; sequential
-    latency and reconciliation with the fewest workers."""
+    latency and reconciliation with the fewest workers, and CPU per item of a drain
+    on the one worker of the 1-worker pipeline (when it runs; else on its own)."""
+    from examples.bench.dispatch_cpu import dispatch_cpu
+
+    drain = min(300 if opts.quick else 1000, max(50, opts.items * 10))
     lat = result.latency
     first = min(opts.workers)
     seq = max(3, min(100, opts.samples))  # 300 by default: a p99, not the max
@@ -139,7 +143,7 @@ def pipelines(
         broker = ThroughputCase(
             f"broker_{workers}w", "effects, simulated target", "broker", workers
         )
-        with running_workers(services, workers):
+        with running_workers(services, workers) as running:
             warm = max(5, min(20, opts.items))
             pipeline.jobs_burst(warm)
             pipeline.broker_burst(warm)
@@ -159,9 +163,15 @@ def pipelines(
             if workers == first:
                 _sequential(result, opts, pipeline, seq, say)
                 _reconciliation(result, opts, services, pipeline, say)
+            if workers == 1:
+                say(f"      CPU per item: 1 worker drains {drain} queued items")
+                dispatch_cpu(result, drain, services, pipeline, say, running[0])
         jobs.items = broker.items = opts.items
         result.throughput[jobs.key] = jobs
         result.throughput[broker.key] = broker
+    if 1 not in opts.workers:
+        say(f"      CPU per item: 1 worker drains {drain} queued items")
+        dispatch_cpu(result, drain, services, pipeline, say)
     if 2 in opts.workers:
         _fresh_connections(result, opts, services, pipeline, say)
     if first != 1:

@@ -29,7 +29,9 @@ RATIOS: list[tuple[str, str, str, float | None, str]] = [
     ("handrolled_new", "floor_insert", "insert floor", None, ""),
     ("agent_ledger", "floor_insert", "insert floor", None, ""),
     ("broker_submit", "floor_insert", "insert floor", 3.0, "max"),
-    ("broker_submit", "floor_defer", "bare defer", 1.25, "max"),
+    # Issue 25 restates "≤ 1.25x a bare defer" (the defer is inside the submit) as
+    # "≤ bare defer + 0.35 ms": SUBMIT_OVER_DEFER_MAX below; the ratio stays printed.
+    ("broker_submit", "floor_defer", "bare defer", None, ""),
     ("broker_submit", "agent_ledger", "agent-ledger", 1.0, "below"),
     ("broker_replay", "broker_submit", "new-key submit", 1.0, "max"),
     ("broker_replay", "handrolled_replay", "hand-rolled replay", 1.0, "max"),
@@ -38,8 +40,14 @@ RATIOS: list[tuple[str, str, str, float | None, str]] = [
 ]
 
 
-#: End-to-end throughput with 2 workers, broker / bare procrastinate: at least this.
-E2E_MIN_RATIO = 0.6
+#: End-to-end throughput with 2 workers, broker / bare procrastinate: at least this
+#: (issue 25: raised from 0.6).
+E2E_MIN_RATIO = 0.75
+#: A new-key submit may cost at most this much more than a bare procrastinate defer
+#: (seconds; issue 25).
+SUBMIT_OVER_DEFER_MAX = 0.35e-3
+#: PostgreSQL's CPU per dispatched effect / per bare job: at most this (issue 25).
+PG_CPU_MAX_RATIO = 2.0
 #: End to end one at a time, 1 idle worker: p99 / p50 at most this (a lost NOTIFY
 #: waits for the 1 s poll: effect_broker.workers.wakeups).
 E2E_P99_MAX_RATIO = 2.0
@@ -159,6 +167,7 @@ def evaluate(result: BenchResult) -> list[Target]:
                 _check(value, limit, kind),
             )
         )
+    targets.append(_submit_over_defer(result))
     e2e = result.latency.get("broker_e2e")
     value = ratio(e2e.p99, e2e.median) if e2e else math.nan
     targets.append(
@@ -224,12 +233,33 @@ def evaluate(result: BenchResult) -> list[Target]:
         cpu.get("effect_worker_ms", math.nan) + cpu.get("effect_postgres_ms", math.nan),
         cpu.get("job_worker_ms", math.nan) + cpu.get("job_postgres_ms", math.nan),
     )
+    per_component = (
+        f"worker {cpu.get('effect_worker_ms', math.nan):.2f} vs "
+        f"{cpu.get('job_worker_ms', math.nan):.2f} ms, PostgreSQL "
+        f"{cpu.get('effect_postgres_ms', math.nan):.2f} vs "
+        f"{cpu.get('job_postgres_ms', math.nan):.2f} ms per item"
+        if cpu
+        else ""
+    )
     targets.append(
         Target(
             "CPU per effect (worker + PostgreSQL) vs bare job",
             _x(value),
             f"≤ {CPU_MAX_RATIO:g}x",
             _check(value, CPU_MAX_RATIO, "max"),
+            per_component,
+        )
+    )
+    value = ratio(
+        cpu.get("effect_postgres_ms", math.nan), cpu.get("job_postgres_ms", math.nan)
+    )
+    targets.append(
+        Target(
+            "PostgreSQL CPU per dispatched effect vs bare job",
+            _x(value),
+            f"≤ {PG_CPU_MAX_RATIO:g}x",
+            _check(value, PG_CPU_MAX_RATIO, "max"),
+            per_component,
         )
     )
     seq = [plan.name for plan in result.plans if plan.seq_scan_on_effects]
@@ -251,6 +281,18 @@ def evaluate(result: BenchResult) -> list[Target]:
     return targets
 
 
+def _submit_over_defer(result: BenchResult) -> Target:
+    submit, defer = result.median("broker_submit"), result.median("floor_defer")
+    over = submit - defer
+    return Target(
+        "submit, new key, vs bare procrastinate defer + 0.35 ms",
+        "-" if math.isnan(over) else f"+{over * 1e3:.2f} ms",
+        f"≤ +{SUBMIT_OVER_DEFER_MAX * 1e3:.2f} ms",
+        None if math.isnan(over) else over <= SUBMIT_OVER_DEFER_MAX,
+        "" if math.isnan(over) else f"{submit * 1e3:.2f} vs {defer * 1e3:.2f} ms",
+    )
+
+
 def soak_only(result: BenchResult) -> bool:
     """A ``--soak`` run: the soak and nothing else (``--with-soak`` runs everything)."""
     return result.soak is not None and not result.options.get("with_soak")
@@ -267,6 +309,11 @@ def _ratios_for(result: BenchResult, key: str) -> tuple[str, str]:
         if met is not None:
             sign = "<" if kind == "below" else "≤"
             marks.append(f"{sign} {limit:g}x {'✓' if met else '✗'}")
+    if key == "broker_submit":
+        over = _submit_over_defer(result)
+        if over.met is not None:
+            texts.append(f"{over.measured} over bare defer")
+            marks.append(f"{over.limit} {'✓' if over.met else '✗'}")
     return "; ".join(texts), "; ".join(marks)
 
 

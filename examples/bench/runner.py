@@ -22,7 +22,6 @@ from examples.bench import batch_submit, fetch_plan, parallel_submit, phases, wa
 from examples.bench.broker_cases import ARGUMENTS, BrokerCases, bench_tenant
 from examples.bench.call_profiles import profiles
 from examples.bench.chart import matplotlib_missing, write_chart
-from examples.bench.dispatch_cpu import dispatch_cpu
 from examples.bench.environment import (
     Services,
     machine,
@@ -122,10 +121,10 @@ def run(out: Output, opts: BenchOptions) -> int:
                 )
                 pipeline = Pipeline(db.url, cases)
                 try:
+                    # With them, CPU per item of a drain: 1,000 items (300 with
+                    # --quick; a smoke run's few items drain 50, an indicative
+                    # figure as all of that run's are).
                     phases.pipelines(result, opts, services, pipeline, progress.say)
-                    progress.say("      CPU per item: 1 worker drains queued items")
-                    drain = 300 if opts.quick else 1000
-                    dispatch_cpu(result, drain, services, pipeline, progress.say)
                     # Before the HTTP phase: its levels run without workers and leave
                     # prepared effects whose jobs it drops, which a later worker's
                     # sweeper re-defers; the WAL phase's idle windows counted their
@@ -163,7 +162,8 @@ def run(out: Output, opts: BenchOptions) -> int:
                     cases.tool,
                     ARGUMENTS,
                     rounds=opts.bursts,
-                    window=2.0 if opts.quick else 5.0,
+                    # A smoke run's few items: 1 s rounds.
+                    window=5.0 if not opts.quick else (2.0 if opts.items >= 20 else 1.0),
                     say=progress.say,
                 )
                 progress.next("profiling a submit and a dispatch")

@@ -361,6 +361,13 @@ class WalCommitsPhase:
         self.meter.close()
 
 
+def idle_seconds(items: int, *, quick: bool) -> float:
+    """How much longer the long idle window runs than the short one: 20 s, 10 s with
+    --quick, and as little as 2 s for the few items of a smoke run, whose drains are
+    as short (the background per second is then read off a short window)."""
+    return min(10.0 if quick else 20.0, max(2.0, items / 4))
+
+
 def measure(
     db: BenchDatabase, services: Services, cases: BrokerCases, *, items: int, quick: bool
 ) -> WalCommits:
@@ -380,7 +387,7 @@ def measure(
     phase = WalCommitsPhase(db, services, cases)
     try:
         phase._worker(lambda: time.sleep(1))  # unmeasured: see the module docstring
-        result = phase.run(items, idle_seconds=10.0 if quick else 20.0)
+        result = phase.run(items, idle_seconds=idle_seconds(items, quick=quick))
     finally:
         phase.close()
         with psycopg.connect(db.url, autocommit=True) as conn:

@@ -16,6 +16,7 @@ scratch database, driven over real sockets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import select
 import socket
@@ -70,10 +71,15 @@ def serve(scratch: Scratch, tag: str, settings: dict[str, str]) -> Iterator[str]
 
 
 def _started(
-    args: list[str], port: int, scratch: Scratch, tag: str, settings: dict[str, str]
+    args: list[str],
+    port: int,
+    scratch: Scratch,
+    tag: str,
+    settings: dict[str, str],
+    output: list[str] | None = None,
 ) -> Iterator[str]:
     """``effect-broker <args>`` serving on ``port``: its base URL while it runs; its
-    output must hold no traceback."""
+    output must hold no traceback (and is appended to ``output`` when given)."""
     sep = "&" if "?" in scratch.url else "?"
     env = {**_env(f"{scratch.url}{sep}application_name={tag}"), **settings}
     log = tempfile.TemporaryFile()  # noqa: SIM115  (closed with the server below)
@@ -90,6 +96,8 @@ def _started(
         log.seek(0)
         text = log.read().decode(errors="replace")
         assert "Traceback" not in text, text[-3000:]
+        if output is not None:
+            output.append(text)
 
 
 def bad_key_mcp_posts(base: str, count: int) -> list[int]:
@@ -324,3 +332,50 @@ def test_content_length_with_chunked_framing_is_400_and_the_connection_closed(
     assert json.loads(body)["code"] == "invalid_request"
     # The connection is closed after the answer: the second request never ran.
     assert rest == b""
+
+
+# --- issue 25: serve --wsgi ----------------------------------------------------------
+
+
+def test_serve_wsgi_serves_the_api_and_keeps_a_query_credential_out_of_its_log(
+    scratch: Scratch,
+) -> None:
+    # Given the API served by `effect-broker serve --wsgi` (gunicorn's threads) with
+    # its access log on
+    key = scratch.api_key
+    output: list[str] = []
+    with socket_port() as port:
+        started = _started(
+            ["serve", "--wsgi", "--port", str(port)],
+            port,
+            scratch,
+            "eb-hostile-wsgi",
+            {"EFFECT_BROKER_READY_WORKER_SECONDS": "0"},
+            output,
+        )
+        base = next(started)
+        try:
+            # When a tenant submits, and a caller puts a key in the query string
+            submitted = httpx.post(
+                f"{base}/v1/effects",
+                json=submit_body(f"wsgi:{uuid.uuid4().hex[:8]}"),
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=30,
+            )
+            refused = httpx.get(f"{base}/v1/effects?api_key={key}", timeout=30)
+            mcp = httpx.post(f"{base}/mcp", json=MCP_RPC, timeout=30)
+        finally:
+            with contextlib.suppress(StopIteration):
+                next(started)
+    # Then the submit is accepted, the credential refused as on ASGI, and /mcp is
+    # not served here (it stays on ASGI: `effect-broker mcp --transport http`)
+    assert submitted.status_code == 202, submitted.text
+    assert refused.status_code == 400
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.json()["code"] == "credential_in_query"
+    assert mcp.status_code == 404
+    # and the access log has both requests, without the key
+    (log,) = output
+    assert '"GET /v1/effects HTTP/1.1" 400' in log, log[-3000:]
+    assert '"POST /v1/effects HTTP/1.1" 202' in log
+    assert key not in log

@@ -37,10 +37,10 @@ LATENCY_KEYS = {
 }
 
 
-#: Issue 13's rows of the HTTP path, in the Targets table of every run.
+#: The rows of the HTTP path (issues 13 and 25), in the Targets table of every run.
 HTTP_TARGETS = (
     "HTTP submit p50, concurrency 1, vs service-level submit + /healthz",
-    "HTTP submits/s, 1 API process, vs /healthz on the same server",
+    "HTTP submits/s, 1 API process, 4 callers, vs the API before issue 25",
     "PostgreSQL CPU per HTTP submit",
     "open DB connections at concurrency 4, and errors",
     "end-to-end effects/s, API + 2 workers, one box",
@@ -86,6 +86,7 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
         "### Per call",
         "### End to end throughput",
         "### HTTP path",
+        "Serving modes, one process each, 4 callers",
         "### Scale",
         "### Profile",
         "### Soak",
@@ -105,8 +106,10 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
     assert all(isinstance(p["seq_scan_on_effect_intents"], bool) for p in report["plans"])
     # 12 of issue 5 and the HTTP path, 2 of commits/WAL, 3 of issue 13's submit rows,
     # 2 of issue 13's one-at-a-time end-to-end rows, 1 of CPU per item, 1 of
-    # procrastinate's fetch plan, 4 of the soak (measured in this run: --with-soak)
-    assert len(report["targets"]) == 25
+    # procrastinate's fetch plan, 4 of the soak (measured in this run: --with-soak),
+    # and issue 25's new rows: submit vs bare defer + 0.35 ms (which replaces the
+    # 1.25x ratio) and PostgreSQL CPU per dispatched effect
+    assert len(report["targets"]) == 26
     names = [t["target"] for t in report["targets"]]
     soak_rows = [t for t in report["targets"] if t["target"].startswith("soak")]
     assert len(soak_rows) == 4
@@ -117,12 +120,33 @@ def test_a_quick_run_prints_every_table_and_writes_json(tmp_path: Path) -> None:
     assert f"{one_at_a_time} vs bare job" in names
     assert f"{one_at_a_time}: p99 / p50 (no lost-NOTIFY stall)" in names
     assert all(name in names for name in HTTP_TARGETS), names
-    assert "submits/s with 8 client processes vs 1" in names
-    assert report["parallel_submit"]["submits_per_second"].keys() == {"1", "8"}
+    for name in (
+        "submit, new key, vs bare procrastinate defer + 0.35 ms",
+        "PostgreSQL CPU per dispatched effect vs bare job",
+        "submits/s with 2 client processes vs 1",
+    ):
+        assert any(n.startswith(name) for n in names), (name, names)
+    assert report["parallel_submit"]["submits_per_second"].keys() == {"1", "2"}
     http = report["http"]
-    assert {(r["case"], r["concurrency"]) for r in http["results"]} == {
-        (case, level) for case in ("healthz", "submit") for level in (1, 4)
+    shipped = {
+        (r["case"], r["concurrency"]) for r in http["results"] if r["variant"] == "pooled"
     }
+    assert shipped == {
+        (case, level) for case in ("healthz", "submit") for level in (1, 4)
+    } | {("bare", 4)}
+    # Every serving mode at the top level, side by side with the shipped one
+    # (httptools only where it is installed: it is not a dependency)
+    modes = set(http["serving_modes"])
+    assert {"pooled", "hops", "wsgi"} <= modes <= {"pooled", "hops", "wsgi", "httptools"}
+    for mode in modes - {"pooled"}:
+        cases = {r["case"] for r in http["results"] if r["variant"] == mode}
+        assert cases == {"healthz", "bare", "submit"}, (mode, cases)
+    # End to end with 1 and 2 API processes against the one PostgreSQL
+    assert [(e["api_processes"], e["workers"]) for e in http["scale_out"]] == [
+        (1, 2),
+        (2, 2),
+    ]
+    assert all(e["submits_per_s"] > 0 for e in http["scale_out"]), http["scale_out"]
     for row in http["results"]:
         assert row["ok"] > 0, row
         assert row["errors"] == {}, row

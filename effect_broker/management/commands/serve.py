@@ -6,6 +6,11 @@ shutdown - no new connections, in-flight requests finish (up to
 ``--graceful-timeout``), then the lifespan shutdown closes the connection pools
 (config/asgi.py). The served process declares ``EFFECT_BROKER_PROCESS_ROLE=api``, so
 it gets the API's connection pool and request admission (config/capacity.py).
+
+``--wsgi`` execs gunicorn's threaded workers on ``config.wsgi`` instead (issue 25:
+an API process that spends its time on the broker, measured side by side in
+``effect-broker bench``, docs/benchmarks.md). It is not the default, because it lacks
+what the ASGI server has (``WSGI_LACKS``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,18 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from config.capacity import API, ROLE_ENV
 
 APP = "effect_broker.serving:application"
+WSGI_APP = "config.wsgi:application"
+#: What ``serve --wsgi`` does not do that the ASGI server does (tests/acceptance/
+#: test_api_hostile_clients.py proves each on ASGI): said in ``--help`` and the docs.
+WSGI_LACKS = (
+    "no deadline on a slow request head or body (a trickling client holds a "
+    "thread: put a buffering proxy such as nginx in front), no in-flight limit "
+    "(no 503 with Retry-After: requests wait for a thread), no /mcp (run "
+    "'effect-broker mcp --transport http' beside it)"
+)
+#: gunicorn's access log without the query string: a credential sent there (refused
+#: with 400) must not be written to the log, and gunicorn logs from its own parse.
+WSGI_ACCESS_LOG_FORMAT = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms'
 
 
 def static_files_collected() -> bool:
@@ -50,6 +67,13 @@ def uvicorn_argv(options: dict[str, Any]) -> list[str]:
         "on",
         # The broker's own headers and errors only (no "server: uvicorn").
         "--no-server-header",
+        # h11 even where httptools is installed (uvicorn would pick it): httptools
+        # answers a request with both Content-Length and chunked framing itself, in
+        # text/plain, before effect_broker.api.body_limit can refuse it as
+        # problem+json (tests/acceptance/test_api_hostile_clients.py). It saved
+        # little next to the thread hops (docs/benchmarks.md, "One API process").
+        "--http",
+        "h11",
     ]
     if options["forwarded_allow_ips"]:
         argv += [
@@ -64,10 +88,50 @@ def uvicorn_argv(options: dict[str, Any]) -> list[str]:
     return argv
 
 
+def gunicorn_argv(options: dict[str, Any]) -> list[str]:
+    """The gunicorn command line of ``serve --wsgi`` for ``options``."""
+    argv = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        WSGI_APP,
+        "--bind",
+        f"{options['host']}:{options['port']}",
+        "--workers",
+        str(options["workers"]),
+        "--worker-class",
+        "gthread",
+        "--threads",
+        str(options["threads"]),
+        "--graceful-timeout",
+        str(options["graceful_timeout"]),
+        "--log-level",
+        options["log_level"],
+        # Empty: trust no proxy's X-Forwarded-* (gunicorn's default trusts 127.0.0.1).
+        "--forwarded-allow-ips",
+        options["forwarded_allow_ips"],
+        "--no-control-socket",
+    ]
+    if options["access_log"]:
+        argv += ["--access-logfile", "-", "--access-logformat", WSGI_ACCESS_LOG_FORMAT]
+    return argv
+
+
+def default_threads() -> int:
+    """``serve --wsgi``'s threads per process: the API pool's size, so that a request
+    never waits for a connection and the pool bounds the connections as under ASGI."""
+    from config.capacity import API, pool_size
+
+    size = pool_size(API)
+    return size.max_size if size is not None else 8
+
+
 class Command(BaseCommand):
     help = (
         "Serve the API and the admin (uvicorn, production ASGI) with static files. "
-        "SIGTERM stops gracefully: in-flight requests finish first."
+        "SIGTERM stops gracefully: in-flight requests finish first. --wsgi serves "
+        "the REST API and the admin from gunicorn's threaded WSGI workers instead: "
+        "less CPU per request (docs/benchmarks.md), but " + WSGI_LACKS + "."
     )
     # The database is not needed to start; /readyz reports on it.
     requires_system_checks: list[str] = []
@@ -126,6 +190,19 @@ class Command(BaseCommand):
             "the directory",
         )
         parser.add_argument(
+            "--wsgi",
+            action="store_true",
+            help="serve with gunicorn's threaded WSGI workers (pip install "
+            "'effect-broker[wsgi]'); not the default: " + WSGI_LACKS,
+        )
+        parser.add_argument(
+            "--threads",
+            type=int,
+            default=None,
+            help="--wsgi only: threads per worker process (default: the API pool's "
+            "EFFECT_BROKER_API_DB_POOL_MAX_SIZE, 8)",
+        )
+        parser.add_argument(
             "--print-command",
             action="store_true",
             help="print the uvicorn command instead of running it",
@@ -138,7 +215,21 @@ class Command(BaseCommand):
             raise CommandError("--port must be 1-65535")
         if options["graceful_timeout"] < 0:
             raise CommandError("--graceful-timeout must be >= 0")
-        argv = uvicorn_argv(options)
+        if options["threads"] is not None and not options["wsgi"]:
+            raise CommandError("--threads applies to --wsgi only")
+        if options["wsgi"]:
+            import importlib.util
+
+            if importlib.util.find_spec("gunicorn") is None:
+                raise CommandError(
+                    "--wsgi needs gunicorn: pip install 'effect-broker[wsgi]'"
+                )
+            options["threads"] = options["threads"] or default_threads()
+            if options["threads"] < 1:
+                raise CommandError("--threads must be at least 1")
+            argv = gunicorn_argv(options)
+        else:
+            argv = uvicorn_argv(options)
         if options["print_command"]:
             self.stdout.write(" ".join(argv))
             return
@@ -146,9 +237,15 @@ class Command(BaseCommand):
 
         if whitenoise_enabled():
             self._static_files(collect=options["collectstatic"])
+        mode = (
+            f"WSGI, {options['workers']} worker(s) x {options['threads']} threads; "
+            f"no /mcp here; {WSGI_LACKS.split(' (')[0]}: behind a buffering proxy only"
+            if options["wsgi"]
+            else f"{options['workers']} worker(s)"
+        )
         self.stdout.write(
             f"serving the API on http://{options['host']}:{options['port']} "
-            f"({options['workers']} worker(s)); Ctrl-C or SIGTERM stops gracefully"
+            f"({mode}); Ctrl-C or SIGTERM stops gracefully"
         )
         from effect_broker.services.conformance_runs import warn_unproved_at_start
 
@@ -156,7 +253,7 @@ class Command(BaseCommand):
         warn_unproved_at_start("serve")
         self.stdout.flush()
         env = {**os.environ, ROLE_ENV: API}
-        # exec, not a child: signals reach uvicorn itself (graceful shutdown), and
+        # exec, not a child: signals reach the server itself (graceful shutdown), and
         # the argv is ours (sys.executable and fixed flags), not a shell string.
         os.execvpe(argv[0], argv, env)  # noqa: S606
 
