@@ -104,18 +104,19 @@ class HopFreeASGIHandler(ASGIHandler):
         return match
 
     def _on_threads(self, view: Callable[..., Any]) -> Callable[..., Any]:
-        threaded = self._threaded.get(view)
-        if threaded is None:
-            executor = self._executor
+        known = self._threaded.get(view)
+        if known is not None:
+            return known
+        executor = self._executor
 
-            # wraps: Django and its middleware read the view's attributes
-            # (csrf_exempt, _non_atomic_requests) from the callback.
-            @functools.wraps(view)
-            async def threaded(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-                context = contextvars.copy_context()  # tracing's span, Django's locals
-                return await asyncio.get_running_loop().run_in_executor(
-                    executor, context.run, _run_view, view, request, args, kwargs
-                )
+        # wraps: Django and its middleware read the view's attributes
+        # (csrf_exempt, _non_atomic_requests) from the callback.
+        @functools.wraps(view)
+        async def threaded(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            context = contextvars.copy_context()  # tracing's span, Django's locals
+            return await asyncio.get_running_loop().run_in_executor(
+                executor, context.run, _run_view, view, request, args, kwargs
+            )
 
-            self._threaded[view] = threaded
+        self._threaded[view] = threaded
         return threaded

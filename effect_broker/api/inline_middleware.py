@@ -52,14 +52,14 @@ class _InlineHooks:
 
     async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
         if not self.inline(request):
-            return await super().__acall__(request)  # type: ignore[misc, no-any-return]
+            return await super().__acall__(request)  # type: ignore[misc]
         response = None
         if hasattr(self, "process_request"):
             response = self.process_request(request)
         response = response or await self.get_response(request)
         if hasattr(self, "process_response"):
             response = self.process_response(request, response)
-        return response  # type: ignore[no-any-return]
+        return response
 
 
 class SecurityMiddleware(_InlineHooks, security.SecurityMiddleware):
@@ -83,7 +83,7 @@ class CsrfViewMiddleware(_InlineHooks, csrf.CsrfViewMiddleware):
             # Django calls ``process_view`` through sync_to_async unless it is a
             # coroutine function: an instance attribute it reads when it builds the
             # handler's view middleware.
-            self.process_view = self._process_view_async  # type: ignore[method-assign]
+            self.process_view = self._process_view_async  # type: ignore[method-assign, assignment]
 
     def inline(self, request: HttpRequest) -> bool:
         return is_api_path(request.path_info)
@@ -99,7 +99,7 @@ class CsrfViewMiddleware(_InlineHooks, csrf.CsrfViewMiddleware):
         )
 
 
-class StaticFilesMiddleware(WhiteNoiseMiddleware):  # type: ignore[misc]
+class StaticFilesMiddleware(WhiteNoiseMiddleware):
     """WhiteNoise's middleware, sync and async: under ASGI a path that is not a static
     file goes on without a hop."""
 
@@ -129,9 +129,9 @@ class StaticFilesMiddleware(WhiteNoiseMiddleware):  # type: ignore[misc]
         else:
             static_file = self.files.get(path)
         if static_file is None:
-            return await self.get_response(request)  # type: ignore[no-any-return]
+            return await self.get_response(request)
         # Opens the file: in the sync thread, as Django would have run WhiteNoise.
-        return await sync_to_async(self.serve)(static_file, request)  # type: ignore[no-any-return]
+        return await sync_to_async(self.serve)(static_file, request)
 
 
 #: Django's (and WhiteNoise's) middleware in ``MIDDLEWARE`` -> its hop-free version.
