@@ -8,6 +8,7 @@ What this mode lacks next to ASGI - the body deadlines, the in-flight limit's 50
 """
 
 import os
+from typing import Any
 
 from django.core.wsgi import get_wsgi_application
 
@@ -17,7 +18,7 @@ django_application = get_wsgi_application()
 from config.capacity import API, ROLE_ENV  # noqa: E402
 from effect_broker.api.query_credentials import WsgiQueryCredentialGuard  # noqa: E402
 
-application = django_application
+application: Any = django_application
 if os.environ.get(ROLE_ENV) == API:
     from effect_broker.store.pool_checks import use_on_django_pool
 

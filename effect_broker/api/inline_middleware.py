@@ -83,7 +83,7 @@ class CsrfViewMiddleware(_InlineHooks, csrf.CsrfViewMiddleware):
             # Django calls ``process_view`` through sync_to_async unless it is a
             # coroutine function: an instance attribute it reads when it builds the
             # handler's view middleware.
-            self.process_view = self._process_view_async  # type: ignore[method-assign,assignment]
+            self.process_view = self._process_view_async  # type: ignore[method-assign, assignment]
 
     def inline(self, request: HttpRequest) -> bool:
         return is_api_path(request.path_info)
