@@ -256,6 +256,14 @@ def _rate_row(h: HttpFigures) -> TargetRow:
             other = h.get(case, top)
             if other is not None and other.rate > 0:
                 detail += f"; {sub.rate / other.rate:.2f}x {what} ({other.rate:,.0f}/s)"
+        # The other serving modes' submits, against the same earlier figure.
+        for mode, label in h.modes.items():
+            other = h.get("submit", top, mode)
+            if mode not in (SHIPPED, EARLIER) and other is not None and reference > 0:
+                detail += (
+                    f"; {label} {other.rate:,.0f} submits/s "
+                    f"({other.rate / reference:.2f}x)"
+                )
     return (
         f"HTTP submits/s, 1 API process, {top} callers, vs the API before issue 25",
         _x(value),
