@@ -143,8 +143,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NoReturn
 
-import jsonschema
-
 from effect_broker.domain import contract_fields
 from effect_broker.domain.approval import ApprovalRule, parse_rule
 from effect_broker.domain.dispatch_limits import DispatchLimits
@@ -732,6 +730,10 @@ def _parse_mcp(raw: object, source: str) -> McpFace:
     if "operation_key" in schema.get("properties", {}):
         # The broker adds operation_key itself; a schema may not redefine it.
         raise ValueError(f"{where}: must not declare operation_key (the broker adds it)")
+    # Imported here, not at module level: jsonschema (with referencing and attrs) is a
+    # tenth of every process's start, and only a contract with an MCP face needs it.
+    import jsonschema
+
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:

@@ -11,12 +11,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.db import DatabaseError
 
-from effect_broker.adapters.conformance_kit import KitPlan, KitRow, rows_passed
 from effect_broker.domain.contracts import EffectContract
 from effect_broker.domain.states import SafetyClass
+
+if TYPE_CHECKING:  # the kit imports the MCP SDK: a second of every worker's start
+    from effect_broker.adapters.conformance_kit import KitPlan, KitRow
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ class Proof:
 
 def record_run(plan: KitPlan, rows: list[KitRow], *, effect_requests: int) -> str:
     """Store one run; return its id."""
+    from effect_broker.adapters.conformance_kit import rows_passed
     from effect_broker.models import ConformanceRun
 
     run = ConformanceRun.objects.create(

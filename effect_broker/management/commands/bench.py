@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from effect_broker.management.base import BrokerCommand
 from examples.bench.options import add_arguments, from_cli
 
 
-class Command(BaseCommand):
+class Command(BrokerCommand):
     help = (
         "Measure, on one scratch PostgreSQL database and back to back: the durable "
         "INSERT and bare procrastinate floors, a hand-rolled Django idempotency table, "

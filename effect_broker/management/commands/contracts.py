@@ -7,15 +7,16 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from effect_broker.domain.contract_fields import schema_text
+from effect_broker.management.base import BrokerCommand
 from effect_broker.management.conform import add_conform_parser, run_conform
 from effect_broker.management.tables import render_table, to_json
 from effect_broker.services.contract_check import probe_targets, validate_file
 
 
-class Command(BaseCommand):
+class Command(BrokerCommand):
     help = (
         "Check a contracts file: every problem as 'file:contract:field: reason', exit 1 "
         "if there is any. --probe also asks each target whether it answers (a HEAD of "

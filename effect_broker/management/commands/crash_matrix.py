@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from effect_broker.management.base import BrokerCommand
 from effect_broker.management.crash_matrix_options import (
     add_crash_matrix_arguments,
     run_crash_matrix,
 )
 
 
-class Command(BaseCommand):
+class Command(BrokerCommand):
     help = (
         "Kill real broker worker processes at every failpoint and count charges in the "
         "target's own table, next to a naive retry loop (same as 'demo crash-matrix')."

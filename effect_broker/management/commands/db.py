@@ -7,12 +7,13 @@ import os
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from effect_broker import embedded_pg
+from effect_broker.management.base import BrokerCommand
 
 
-class Command(BaseCommand):
+class Command(BrokerCommand):
     help = (
         "Manage the embedded PostgreSQL server used when DATABASE_URL is unset. "
         "'up' starts it (or reuses a running one), 'down' stops it, 'status' reports it "

@@ -6,10 +6,11 @@ import time
 from typing import Any
 
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from effect_broker.domain.errors import InvalidRequestError, PayloadConflictError
 from effect_broker.domain.records import EffectRequest
+from effect_broker.management.base import BrokerCommand
 from effect_broker.management.crash_matrix_options import (
     add_crash_matrix_arguments,
     run_crash_matrix,
@@ -20,7 +21,7 @@ from effect_broker.services.submission import submit
 from effect_broker.services.tenants import create_tenant
 
 
-class Command(BaseCommand):
+class Command(BrokerCommand):
     help = (
         "Run a demonstration against the configured Postgres (embedded by default). "
         "'crash-matrix' kills real worker processes at every boundary and counts charges "

@@ -28,10 +28,11 @@ from typing import Any
 import httpx
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import connection
 
 from effect_broker import embedded_pg
+from effect_broker.management.base import BrokerCommand
 from effect_broker.store.database_url import url_from_settings
 from effect_broker.workers.process_group import ProcessGroup
 
@@ -79,7 +80,7 @@ def curl_submit(api_url: str, api_key: str) -> str:
     return command
 
 
-class Command(BaseCommand):
+class Command(BrokerCommand):
     help = (
         "Run everything locally in one supervised process group: the embedded "
         "PostgreSQL server (or DATABASE_URL), migrations, a 'dev' tenant (its API key "

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from effect_broker.domain.contracts import parse_duration
+from effect_broker.management.base import BrokerCommand
 from effect_broker.management.tables import render_table, to_json
 from effect_broker.services.diagnosis import DoctorOptions, run_checks
 
@@ -40,7 +41,7 @@ def _detail_line(check: str, detail: dict[str, Any]) -> str:
     ) + (f" ({detail['why']})" if "why" in detail else "")
 
 
-class Command(BaseCommand):
+class Command(BrokerCommand):
     help = (
         "Check the database, migrations, procrastinate schema, master key, contracts, "
         "workers and stalled jobs, effects waiting for an operator, dispatch pauses, "

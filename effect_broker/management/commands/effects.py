@@ -18,12 +18,13 @@ import argparse
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from effect_broker.domain.canonical import canonical_json, parse_json_strict
 from effect_broker.domain.errors import InvalidRequestError
 from effect_broker.domain.evidence import EVIDENCE_SHAPES
 from effect_broker.domain.states import EffectStatus
+from effect_broker.management.base import BrokerCommand
 from effect_broker.services import (
     approvals,
     forking,
@@ -60,7 +61,7 @@ _RESOLUTION_FLAGS = (
 )
 
 
-class Command(BaseCommand):
+class Command(BrokerCommand):
     help = (
         "Operate on effects across tenants: list them, inspect an effect's state and "
         "event history (optionally as of an event sequence), request reconciliation, "

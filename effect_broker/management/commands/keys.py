@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from effect_broker.domain.errors import ConfigurationError
 from effect_broker.domain.master_keys import MasterKeys
+from effect_broker.management.base import BrokerCommand
 from effect_broker.services import key_rotation
 
 
@@ -21,7 +22,7 @@ def _keys() -> MasterKeys:
     return keys
 
 
-class Command(BaseCommand):
+class Command(BrokerCommand):
     help = (
         "Master keys: 'list' shows each key id and how many stored payloads it "
         "encrypted; 'rotate' appends a new current key to the key file; 'reencrypt' "

@@ -7,9 +7,10 @@ import sys
 from typing import Any
 
 import anyio
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from effect_broker.domain.errors import EffectBrokerError
+from effect_broker.management.base import BrokerCommand
 from effect_broker.mcp.server import (
     DEFAULT_WAIT_SECONDS,
     STRICT_ENV,
@@ -20,7 +21,7 @@ from effect_broker.mcp.transports import API_KEY_ENV, http_app, serve_stdio
 from effect_broker.services.tenants import authenticate
 
 
-class Command(BaseCommand):
+class Command(BrokerCommand):
     help = (
         "Serve the MCP server: management tools (get_effect, list_unknown_effects, "
         "get_receipt, request_reconciliation) and one proxy tool per contract with an "

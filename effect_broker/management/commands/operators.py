@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from effect_broker.management.base import BrokerCommand
 from effect_broker.models import OperatorToken
 from effect_broker.services import operators
 
 
-class Command(BaseCommand):
+class Command(BrokerCommand):
     help = (
         "Create, list or revoke operator tokens. A token acts as its owning staff user, "
         f"who must be active and hold {operators.RESOLVE_PERMISSION}."

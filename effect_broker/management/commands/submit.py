@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from effect_broker.domain.canonical import parse_json_strict
 from effect_broker.domain.errors import InvalidRequestError, TenantNotFoundError
 from effect_broker.domain.records import EffectRequest
+from effect_broker.management.base import BrokerCommand
 from effect_broker.models import Tenant
 from effect_broker.services.submission import submit
 
 
-class Command(BaseCommand):
+class Command(BrokerCommand):
     help = (
         "Reserve an effect for a tenant and print the result as one JSON line. "
         "Submitting the same operation key and arguments again is a replay of the same "

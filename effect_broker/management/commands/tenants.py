@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from effect_broker.management.base import BrokerCommand
 from effect_broker.management.tables import render_table, to_json
 from effect_broker.models import Tenant
 from effect_broker.services import tenants
@@ -25,7 +26,7 @@ def _row(tenant: Tenant) -> dict[str, Any]:
     }
 
 
-class Command(BaseCommand):
+class Command(BrokerCommand):
     help = (
         "Manage tenants: create one (its API key is printed once), list them, rotate "
         "a key (the old one stops working at once), disable or enable one."

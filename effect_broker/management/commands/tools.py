@@ -13,9 +13,10 @@ import argparse
 import textwrap
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from effect_broker.domain.pauses import Pause
+from effect_broker.management.base import BrokerCommand
 from effect_broker.management.tables import render_table
 from effect_broker.services import operators, pauses
 from effect_broker.services.runtime import get_runtime
@@ -56,7 +57,7 @@ def _add_acting_user(parser: CommandParser) -> None:
     )
 
 
-class Command(BaseCommand):
+class Command(BrokerCommand):
     help = (
         "Pause and resume dispatch per tool, contract or tenant, and list the tools "
         "with their dispatch limits (max_in_flight, rate_limit) and pauses. A paused "

@@ -10,8 +10,9 @@ import sys
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from effect_broker.management.base import BrokerCommand
 from effect_broker.workers.supervision import (
     BROKER_QUEUES,
     EXIT_GAVE_UP,
@@ -53,7 +54,7 @@ def database_label() -> str:
     return f"{host}{port}/{entry.get('NAME', '')}"
 
 
-class Command(BaseCommand):
+class Command(BrokerCommand):
     help = (
         "Run a broker worker: dispatch, reconciliation and the periodic sweep "
         f"(queues {', '.join(BROKER_QUEUES)}). It survives database outages and "
