@@ -42,8 +42,9 @@ XDIST_GROUPS: dict[str, tuple[str, ...]] = {
     # the checkout (.effect-broker/crash-matrix), restarts it in its database-restart
     # cells and stops it when done: a second matrix run at the same moment would lose
     # its database mid-cell. The session's full run (tests/crash/conftest.py) and the
-    # CLI's one-cell runs therefore take turns.
-    "crash-matrix": ("tests/crash/", "tests/acceptance/test_crash_matrix_cli.py"),
+    # tests that read it share one worker; the CLI's one-cell runs
+    # (tests/acceptance/test_crash_matrix_cli.py) use a state directory of their own.
+    "crash-matrix": ("tests/crash/",),
     # ``effect-broker dev`` writes its contracts file under the checkout
     # (.effect-broker/dev), naming its own target's port.
     "dev": ("tests/acceptance/test_dev_command.py",),
@@ -54,6 +55,7 @@ XDIST_GROUPS: dict[str, tuple[str, ...]] = {
 WHOLE_MODULES = (
     "tests/acceptance/test_api_database_unavailable.py",
     "tests/acceptance/test_api_server.py",
+    "tests/acceptance/test_crash_matrix_cli.py",
     "tests/acceptance/test_dispatch_controls.py",
     "tests/acceptance/test_effects_cli.py",
     "tests/acceptance/test_runtime_recipes.py",

@@ -392,7 +392,9 @@ def _use_own_embedded_server(name: str = "crash-matrix") -> Path | None:
         return None
     from effect_broker import embedded_pg
 
-    project_dir = Path(settings.BASE_DIR) / ".effect-broker" / name
+    # Under STATE_DIR, not BASE_DIR: an installed package's BASE_DIR is site-packages,
+    # and EFFECT_BROKER_STATE_DIR gives a second run a server of its own.
+    project_dir = Path(settings.STATE_DIR) / ".effect-broker" / name
     project_dir.mkdir(parents=True, exist_ok=True)
     server = embedded_pg.ensure_running(project_dir)
     connections.close_all()

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from effect_broker import embedded_pg
 from examples.crash_matrix import plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,16 +49,31 @@ sys.exit(matrix.run_matrix(
 """
 
 
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A state directory of this module's own (EFFECT_BROKER_STATE_DIR), so the matrix
+    runs here on an embedded server of their own: the session's full matrix run
+    (tests/crash/) restarts and stops its server under the checkout meanwhile."""
+    state = tmp_path_factory.mktemp("matrix-state")
+    yield state
+    project = state / ".effect-broker" / "crash-matrix"
+    embedded_pg.stop(project, mode="immediate")
+    # The server's own directory (data, socket) is under /tmp, named by the project.
+    shutil.rmtree(embedded_pg._state_dir(project), ignore_errors=True)
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EFFECT_BROKER_")}
     return {**env, **extra}
 
 
-def run(*args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
+def run(
+    state_dir: Path, *args: str, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *args],
         cwd=ROOT,
-        env=clean_env(**env),
+        env=clean_env(EFFECT_BROKER_STATE_DIR=str(state_dir), **env),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -64,9 +82,17 @@ def run(*args: str, timeout: float = 300, **env: str) -> subprocess.CompletedPro
     )
 
 
-def test_an_only_pattern_that_selects_no_cell_is_one_line_and_exit_2() -> None:
+def test_an_only_pattern_that_selects_no_cell_is_one_line_and_exit_2(
+    state_dir: Path,
+) -> None:
     result = run(
-        "-m", "effect_broker.cli", "demo", "crash-matrix", "--only", "idempotent,nosuch"
+        state_dir,
+        "-m",
+        "effect_broker.cli",
+        "demo",
+        "crash-matrix",
+        "--only",
+        "idempotent,nosuch",
     )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
@@ -78,9 +104,12 @@ def test_an_only_pattern_that_selects_no_cell_is_one_line_and_exit_2() -> None:
 
 
 @pytest.mark.slow
-def test_one_cell_run_draws_the_png_and_shows_the_gate(tmp_path: Path) -> None:
+def test_one_cell_run_draws_the_png_and_shows_the_gate(
+    state_dir: Path, tmp_path: Path
+) -> None:
     png, out = tmp_path / "m.png", tmp_path / "m.json"
     result = run(
+        state_dir,
         "-m",
         "effect_broker.cli",
         "demo",
@@ -111,10 +140,10 @@ def test_one_cell_run_draws_the_png_and_shows_the_gate(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("fault", "code"), [("none", 0), ("stray", 1), ("drop", 1)])
 def test_a_charge_or_a_cell_no_verdict_saw_fails_the_run(
-    tmp_path: Path, fault: str, code: int
+    state_dir: Path, tmp_path: Path, fault: str, code: int
 ) -> None:
     out = tmp_path / "m.json"
-    result = run("-c", STRAY, str(out), STRAY=fault)
+    result = run(state_dir, "-c", STRAY, str(out), STRAY=fault)
     assert result.returncode == code, result.stdout[-3000:] + result.stderr[-2000:]
     data = json.loads(out.read_text())
     if fault == "stray":

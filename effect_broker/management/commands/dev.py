@@ -115,7 +115,8 @@ class Command(BrokerCommand):
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, on_signal)
-        workdir = Path(settings.BASE_DIR) / ".effect-broker" / "dev"
+        # STATE_DIR: an installed package's BASE_DIR is site-packages.
+        workdir = Path(settings.STATE_DIR) / ".effect-broker" / "dev"
         workdir.mkdir(parents=True, exist_ok=True)
         we_started_postgres = self._database()
         group = ProcessGroup(self.stdout)
