@@ -257,9 +257,11 @@ RIDER_RECEIPT = """
 # (issue 25): what procrastinate's worker would do right after in its own
 # transaction, ``procrastinate_finish_job_v1(job_id, 'succeeded', delete_job)``
 # (procrastinate 3.10), written here as its two branches. Unlike that function it
-# does not raise when the job is no longer queued or running (a sweeper retried or
-# failed it meanwhile): the outcome must commit whatever the queue says, and the job
-# is then left to procrastinate as before. ``tests/integration/test_job_endings.py``
+# does not raise when the job is no longer queued or running (a sweeper failed it
+# meanwhile, for a queued twin): the outcome must commit whatever the queue says, and
+# such a job keeps the state the sweeper gave it (procrastinate's own finish, which
+# the worker then skips, would have failed on it). Like that function it finishes a
+# job the sweeper put back to ``todo``. ``tests/integration/test_job_endings.py``
 # holds both branches to the function's result.
 RIDER_DELETE_SUCCEEDED_JOB = """
     DELETE FROM procrastinate_jobs USING cas
