@@ -101,7 +101,8 @@ def test_the_rider_finishes_a_job_as_procrastinates_finish_does(
     if delete:
         assert _state(ours) is None
     else:
-        assert _state(ours) == ("succeeded", 1, False, ["deferred", "started", "succeeded"])
+        events = ["deferred", "started", "succeeded"]
+        assert _state(ours) == ("succeeded", 1, False, events)
 
 
 def test_a_job_no_longer_running_is_left_alone_and_the_outcome_commits(
@@ -164,4 +165,5 @@ def test_a_dispatch_that_does_not_succeed_leaves_its_job_to_procrastinate(
     assert not job.finished
     assert not running_jobs.take_finished(job_id)
     state = _state(job_id)
-    assert state is not None and state[0] == "doing"
+    assert state is not None
+    assert state[0] == "doing"
