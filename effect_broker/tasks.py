@@ -23,8 +23,10 @@ from procrastinate.jobs import Status
 
 from effect_broker.scheduling import DISPATCH_TASK, NOTIFY_APPROVAL_TASK, RECONCILE_TASK
 from effect_broker.services import approval_notices, dispatch, reconcile, sweeper
+from effect_broker.services.running_jobs import RunningJob
 from effect_broker.services.runtime import get_runtime
 from effect_broker.store.lock_waits import gave_up_waiting, try_sweep_lock
+from effect_broker.workers.job_endings import OutcomeEndingJobManager
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +46,23 @@ def _actor(context: JobContext) -> str:
     return f"{context.worker_name or 'worker'}:{os.getpid()}:job{job_id}"
 
 
+def _running_job(context: JobContext) -> RunningJob | None:
+    """The job, for a success to finish in its own statement - only under a worker
+    whose job manager then skips procrastinate's finish (issue 25)."""
+    manager = context.app.job_manager if context.app else None
+    if not isinstance(manager, OutcomeEndingJobManager) or context.job.id is None:
+        return None
+    return RunningJob(context.job.id, delete=manager.delete_succeeded)
+
+
 @app.task(queue="dispatch", name=DISPATCH_TASK, pass_context=True)
 def dispatch_effect(context: JobContext, effect_id: str) -> None:
     """Dispatch one effect (no-op unless it is prepared or due for retry)."""
+    job = _running_job(context)
     retry_later_if_busy(
         "dispatch",
         effect_id,
-        lambda: dispatch.dispatch(effect_id, worker=_actor(context)),
+        lambda: dispatch.dispatch(effect_id, worker=_actor(context), job=job),
     )
 
 

@@ -38,6 +38,7 @@ from effect_broker.services import admission, approval_gate, deadlines, outcomes
 from effect_broker.services.lease import LeaseKeeper
 from effect_broker.services.outcomes import to_manual_review
 from effect_broker.services.payloads import load_arguments
+from effect_broker.services.running_jobs import RunningJob
 from effect_broker.services.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
@@ -69,9 +70,15 @@ def note_stale_write(rt: Runtime, error: StaleWriteError, *, actor: str) -> None
 
 
 def dispatch(
-    effect_id: str, *, worker: str, runtime: Runtime | None = None
+    effect_id: str,
+    *,
+    worker: str,
+    runtime: Runtime | None = None,
+    job: RunningJob | None = None,
 ) -> EffectRecord:
-    """Dispatch ``effect_id`` if due; safe to call any number of times."""
+    """Dispatch ``effect_id`` if due; safe to call any number of times. ``job``: the
+    procrastinate job this runs in, finished by a success's statement when given
+    (``services.running_jobs``)."""
     rt = runtime or get_runtime()
     read = store.load_for_dispatch(effect_id, offset=rt.clock.database_offset())
     record = read.record
@@ -105,7 +112,7 @@ def dispatch(
     contract = rt.registry.get(record.contract_name, record.contract_version)
     with dispatch_span(record) as span:  # a child of the submit's span
         try:
-            return span.ended(_dispatch_due(rt, read, contract, worker=worker))
+            return span.ended(_dispatch_due(rt, read, contract, worker=worker, job=job))
         except StaleWriteError as exc:
             note_stale_write(rt, exc, actor=worker)
             return span.ended(store.load_effect_for_worker(effect_id))
@@ -117,6 +124,7 @@ def _dispatch_due(
     contract: EffectContract,
     *,
     worker: str,
+    job: RunningJob | None = None,
 ) -> EffectRecord:
     record = read.record
     if record.attempt_count > contract.retry_limit:
@@ -160,6 +168,7 @@ def _dispatch_due(
         worker=worker,
         sealed=read.sealed,
         claim_metadata=claim,
+        job=job,
     )
 
 
@@ -172,10 +181,11 @@ def send_attempt(
     worker: str,
     sealed: store.SealedArguments | None = None,
     claim_metadata: Mapping[str, object] | None = None,
+    job: RunningJob | None = None,
 ) -> EffectRecord:
     """Commit DISPATCHING + attempt, call the adapter once behind the send gate, and
     record what happened (``claim_metadata``: more facts for ``dispatch_started``,
-    e.g. the approval this attempt consumes)."""
+    e.g. the approval this attempt consumes; ``job``: the job a success finishes)."""
     arguments = load_arguments(rt, record, sealed)
     try:
         arguments = _with_secrets(rt, record, contract, arguments)
@@ -236,6 +246,7 @@ def send_attempt(
             actor=worker,
             attempt_id=attempt_id,
             event_type="dispatch_succeeded",
+            job=job,
         )
     kind, reason = failure
     if kind == "retryable":

@@ -33,6 +33,7 @@ from effect_broker.domain.states import EffectStatus
 from effect_broker.observability import metrics
 from effect_broker.services import deadlines
 from effect_broker.services.payloads import seal_result
+from effect_broker.services.running_jobs import RunningJob
 from effect_broker.services.runtime import Runtime
 from effect_broker.store import db_time
 
@@ -73,9 +74,15 @@ def record_success(
     attempt_id: str | None,
     event_type: str,
     evidence: Mapping[str, object] | None = None,
+    job: RunningJob | None = None,
 ) -> EffectRecord:
-    """Write the receipt and SUCCEEDED together (or nothing, if the fence refuses)."""
+    """Write the receipt and SUCCEEDED together (or nothing, if the fence refuses).
+
+    ``job``: the dispatch job this runs in; written in autocommit, the same statement
+    finishes it (``services.running_jobs``). Inside a caller's transaction the job is
+    left to procrastinate: that commit is not this function's to report."""
     now = rt.clock.now()
+    in_transaction = transaction.get_connection().in_atomic_block
     receipt_id = new_row_id()
     output = dict(result.output)
     output_json = canonical_json(output)  # sealed, and digested as response/evidence
@@ -115,6 +122,9 @@ def record_success(
                 now=now,
             )
         )
+    finishes = job if job is not None and not in_transaction else None
+    if finishes is not None:
+        riders.append(store.finish_job(finishes.id, delete=finishes.delete))
     # The receipt's write (transition, event, receipt, attempt: one statement) is
     # about to be sent: dying here leaves the target's effect without a receipt.
     failpoints.hit("before_receipt_commit", subject=_subject(record))
@@ -134,9 +144,11 @@ def record_success(
         },
         riders=riders,
     )
-    if not transaction.get_connection().in_atomic_block:
+    if not in_transaction:
         # Only here has the receipt really committed (the transactional path commits
         # in its caller and passes this failpoint there).
+        if finishes is not None:
+            finishes.finished_by_outcome()
         failpoints.hit("after_receipt_commit", subject=_subject(record))
     metrics.succeeded(updated, via=_VIA.get(event_type, "other"), now=now)
     return updated

@@ -492,6 +492,16 @@ def receipt(
     )
 
 
+def finish_job(job_id: int, *, delete: bool) -> Rider:
+    """The dispatch job ``job_id`` finished as succeeded with the transition that
+    ends it (deleted, when its worker deletes succeeded jobs): issue 25, one commit
+    instead of the outcome's and then procrastinate's own."""
+    return Rider(
+        sql.RIDER_DELETE_SUCCEEDED_JOB if delete else sql.RIDER_MARK_JOB_SUCCEEDED,
+        (job_id,),
+    )
+
+
 def fork_link(
     record: EffectRecord, *, new_effect_id: str, operator: str, now: datetime
 ) -> Rider:

@@ -115,14 +115,32 @@ def use_on_django_pool(alias: str = "default") -> bool:
     return True
 
 
+async def autocommit(conn: AsyncConnection[Any]) -> None:
+    """``AsyncConnectionPool(configure=...)``: every statement its own transaction.
+
+    procrastinate runs each of its queries (fetch, finish, heartbeat, ...) alone on a
+    pooled connection, one SQL function call each. On a connection in psycopg's
+    default transaction mode that is three round trips, ``BEGIN``, the call and the
+    pool's ``COMMIT`` on return; in autocommit it is one, and the same one commit
+    (issue 25: four round trips per dispatched effect, fetch and finish). Nothing in
+    procrastinate 3.10 opens a transaction of several statements on its pool.
+    """
+    await conn.set_autocommit(True)
+
+
 def procrastinate_connector(
     params: dict[str, Any], **pool_options: Any
 ) -> PsycopgConnector:
-    """procrastinate's worker connector over ``params``, its pool checking a
-    connection only when in doubt (procrastinate's own pool checks every checkout)."""
+    """procrastinate's worker connector over ``params``: its pool checks a connection
+    only when in doubt (procrastinate's own pool checks every checkout), and its
+    connections are in autocommit (``autocommit``)."""
     from procrastinate import PsycopgConnector
 
     def pool_factory(**options: Any) -> AsyncConnectionPool[Any]:
-        return AsyncConnectionPool(**{**options, "check": check_when_in_doubt_async})
+        # Not ``autocommit=True`` in the connection kwargs: procrastinate's LISTEN
+        # connection is opened with those kwargs AND its own autocommit=True.
+        return AsyncConnectionPool(
+            **{**options, "check": check_when_in_doubt_async, "configure": autocommit}
+        )
 
     return PsycopgConnector(kwargs=params, pool_factory=pool_factory, **pool_options)

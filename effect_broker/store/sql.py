@@ -253,6 +253,31 @@ RIDER_RECEIPT = """
     SELECT %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s FROM cas
 """
 
+# The dispatch job that ends with this outcome, finished in the outcome's statement
+# (issue 25): what procrastinate's worker would do right after in its own
+# transaction, ``procrastinate_finish_job_v1(job_id, 'succeeded', delete_job)``
+# (procrastinate 3.10), written here as its two branches. Unlike that function it
+# does not raise when the job is no longer queued or running (a sweeper failed it
+# meanwhile, for a queued twin): the outcome must commit whatever the queue says, and
+# such a job keeps the state the sweeper gave it (procrastinate's own finish, which
+# the worker then skips, would have failed on it). Like that function it finishes a
+# job the sweeper put back to ``todo``. ``tests/integration/test_job_endings.py``
+# holds both branches to the function's result.
+RIDER_DELETE_SUCCEEDED_JOB = """
+    DELETE FROM procrastinate_jobs USING cas
+    WHERE procrastinate_jobs.id = %s AND procrastinate_jobs.status IN ('todo', 'doing')
+"""
+RIDER_MARK_JOB_SUCCEEDED = """
+    UPDATE procrastinate_jobs
+    SET status = 'succeeded', abort_requested = false,
+        attempts = CASE procrastinate_jobs.status
+            WHEN 'doing' THEN procrastinate_jobs.attempts + 1
+            ELSE procrastinate_jobs.attempts
+        END
+    FROM cas
+    WHERE procrastinate_jobs.id = %s AND procrastinate_jobs.status IN ('todo', 'doing')
+"""
+
 # The fork link commits with the old effect's settlement (``resolved_forked``).
 RIDER_FORK_LINK = """
     INSERT INTO effect_forks (old_effect_id, new_effect_id, operator, created_at)

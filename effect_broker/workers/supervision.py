@@ -41,6 +41,7 @@ import psycopg
 from procrastinate import App
 from procrastinate.worker import Worker
 
+from effect_broker.workers.job_endings import finishing_with_outcomes
 from effect_broker.workers.wakeups import WakeKeepingWorker
 
 logger = logging.getLogger(__name__)
@@ -298,7 +299,10 @@ class WorkerSupervisor:
                 self._worker = worker
                 if self._stopping.is_set():  # a signal while the pool opened
                     return worker, "stopped before start"
-                await worker.run()
+                # A dispatch that succeeds finishes its job with its outcome (issue
+                # 25); procrastinate's own finish is skipped for that job.
+                with finishing_with_outcomes(self.app, worker.delete_jobs):
+                    await worker.run()
         except Exception as exc:  # the database went away under the worker or pool
             # What procrastinate logged first says more (the listener's failure) than
             # the error its shutdown then hit (unregistering from a dead database).

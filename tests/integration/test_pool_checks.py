@@ -10,6 +10,7 @@ that this setup does catch the difference.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -170,3 +171,55 @@ def test_the_worker_puts_the_check_on_djangos_pool(
         )
         assert pool_checks.use_on_django_pool()
         assert pool._check is check_when_in_doubt
+
+
+def test_procrastinates_worker_pool_runs_each_query_alone_in_autocommit(
+    url: str, admin: psycopg.Connection[Any]
+) -> None:
+    """Issue 25: procrastinate's fetch and finish were BEGIN, the call, COMMIT - three
+    round trips for one statement. The worker's pool is in autocommit instead, and
+    procrastinate's LISTEN connection (opened with the pool's kwargs plus its own
+    autocommit=True) still opens and hears a NOTIFY."""
+    from procrastinate.contrib.django.utils import connector_params
+    from psycopg.pq import TransactionStatus
+
+    heard: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_notification(*, channel: str, payload: str) -> None:
+        await heard.put(payload)
+
+    async def scenario() -> tuple[bool, TransactionStatus, str]:
+        connector = pool_checks.procrastinate_connector(connector_params())
+        await connector.open_async()
+        try:
+            async with connector.pool.connection() as conn:
+                await conn.execute("SELECT 1")
+                autocommit, status = conn.autocommit, conn.info.transaction_status
+            listener = asyncio.create_task(
+                connector.listen_notify(on_notification, ["pool_checks_autocommit"])
+            )
+            try:
+                payload = ""
+                deadline = time.monotonic() + 10
+                while not payload and time.monotonic() < deadline:
+                    # Until the LISTEN is in place, a NOTIFY reaches nobody: repeat.
+                    await asyncio.to_thread(
+                        admin.execute, "NOTIFY pool_checks_autocommit, 'heard'"
+                    )
+                    try:
+                        payload = await asyncio.wait_for(heard.get(), 0.2)
+                    except TimeoutError:
+                        continue
+            finally:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
+        finally:
+            await connector.close_async()
+        return autocommit, status, payload
+
+    autocommit, status, payload = asyncio.run(scenario())
+    assert autocommit is True
+    # Nothing left open after the statement: no BEGIN was sent, no COMMIT is due.
+    assert status is TransactionStatus.IDLE
+    assert payload == "heard"
