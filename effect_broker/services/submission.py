@@ -94,6 +94,18 @@ def _require_length(field: str, value: str, cap: int) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckedRequest:
+    """A request checked and hashed: everything a replay needs, nothing sealed yet."""
+
+    request: EffectRequest
+    operation_key: str
+    contract: EffectContract
+    #: The arguments' canonical JSON, which a new intent encrypts.
+    canonical_args: bytes
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedIntent:
     """A request checked and sealed for the ledger, not yet written."""
 
@@ -103,9 +115,9 @@ class PreparedIntent:
     intent: store.NewIntent
 
 
-def prepare_intent(rt: Runtime, tenant: Tenant, request: EffectRequest) -> PreparedIntent:
-    """Check ``request`` and build its intent: the one way a single submit and a batch
-    item are checked (in this order) and sealed before anything is written."""
+def check_request(rt: Runtime, tenant: Tenant, request: EffectRequest) -> CheckedRequest:
+    """Check ``request`` and compute its request hash: the one way a single submit and
+    a batch item are checked (in this order) before anything is read or written."""
     operation_key = validate_operation_key(request.operation_key)
     _require_length("requested_by", request.requested_by, MAX_REQUESTED_BY_LENGTH)
     _require_length("trace_id", request.trace_id or "", MAX_TRACE_ID_LENGTH)
@@ -119,22 +131,30 @@ def prepare_intent(rt: Runtime, tenant: Tenant, request: EffectRequest) -> Prepa
     # So is one the contract does not declare for this tenant, before any lookup.
     declared = contract.declared_secrets(tenant.name)
     refuse_undeclared(refs, declared, contract=contract.label)
-    tenant_id = str(tenant.id)
     canonical_args = canonical_json(dict(request.arguments))
-    digest = _request_hash(rt, tenant_id, request, contract)
+    digest = _request_hash(rt, str(tenant.id), request, contract)
+    return CheckedRequest(request, operation_key, contract, canonical_args, digest)
+
+
+def seal_intent(rt: Runtime, tenant: Tenant, checked: CheckedRequest) -> store.NewIntent:
+    """The new intent of a checked request: its arguments encrypted, their redacted
+    preview, its downstream key, its approval rule. Only a key the ledger does not
+    hold yet is sealed: a replay never pays for it."""
+    request, contract = checked.request, checked.contract
+    operation_key, tenant_id = checked.operation_key, str(tenant.id)
     key_id, ciphertext = encrypt(
-        rt.keyring, canonical_args, aad=arguments_aad(tenant_id, operation_key)
+        rt.keyring, checked.canonical_args, aad=arguments_aad(tenant_id, operation_key)
     )
     # Issue 24: a contract may ask for an operator's approval before anything is
     # sent; such an effect is reserved awaiting it, with its deadline on the
     # database's clock, and no dispatch job.
     rule = contract.approval
     awaiting = rule is not None and rule.applies_to(request.arguments)
-    intent = store.NewIntent(
+    return store.NewIntent(
         tenant_id=tenant_id,
         operation_key=operation_key,
         tool=request.tool,
-        request_hash=digest,
+        request_hash=checked.digest,
         arguments_ciphertext=ciphertext,
         arguments_key_id=key_id,
         arguments_preview=redacted_preview(request.arguments, contract.preview_fields),
@@ -151,7 +171,15 @@ def prepare_intent(rt: Runtime, tenant: Tenant, request: EffectRequest) -> Prepa
         due_in=rule.ttl if rule is not None and awaiting else timedelta(0),
         approval_rule=rule.describe() if rule is not None and awaiting else "",
     )
-    return PreparedIntent(request, contract, digest, intent)
+
+
+def prepare_intent(rt: Runtime, tenant: Tenant, request: EffectRequest) -> PreparedIntent:
+    """Check ``request`` and seal its intent up front: a batch item, whose one
+    reservation statement answers an unseen key and a replay alike."""
+    checked = check_request(rt, tenant, request)
+    return PreparedIntent(
+        request, checked.contract, checked.digest, seal_intent(rt, tenant, checked)
+    )
 
 
 def reservation_job(rt: Runtime, intent: store.NewIntent) -> store.QueuedJob | None:
@@ -191,15 +219,23 @@ def submit(
     rt = runtime or get_runtime()
     if tenant.disabled:
         raise TenantDisabledError(f"tenant {tenant.name!r} is disabled")
-    prepared = prepare_intent(rt, tenant, request)
-    intent, contract, digest = prepared.intent, prepared.contract, prepared.digest
-    operation_key, tenant_id = intent.operation_key, intent.tenant_id
-    actor = request.requested_by or "caller"
+    checked = check_request(rt, tenant, request)
+    tenant_id, operation_key = str(tenant.id), checked.operation_key
     subject = f"{tenant_id}/{operation_key}"
+    # Before the submit's first statement: nothing of it is written yet.
+    failpoints.hit("before_reservation_commit", subject=subject)
+    # Issue 25, item 3: a replay is one indexed read (prepared, on the unique key) and
+    # the hash comparison; nothing is sealed, encrypted or sent to be inserted. A new
+    # key costs this read (a miss on the same index) before its reservation.
+    existing = store.find_effect_by_key(tenant_id, operation_key)
+    if existing is not None:
+        _refuse_drift(rt, existing, request, checked.contract, checked.digest)
+        return Reservation(effect=existing, created=False, replayed=True)
+    intent = seal_intent(rt, tenant, checked)
+    actor = request.requested_by or "caller"
     # The dispatch job commits with the intent or not at all (STYLE rule 5): it rides
     # in the reservation statement, which is about to be sent.
     job = reservation_job(rt, intent)
-    failpoints.hit("before_reservation_commit", subject=subject)
     record, created = store.reserve(
         intent,
         now=rt.clock.now(),
@@ -212,7 +248,9 @@ def submit(
         after_reservation(rt, record, job)
         failpoints.hit("after_reservation_commit", subject=subject)
         return Reservation(effect=record, created=True, replayed=False)
-    _refuse_drift(rt, record, request, contract, digest)
+    # Inserted by a concurrent submit of the same key since the read above: the
+    # reservation statement answered with that row, checked as any replay.
+    _refuse_drift(rt, record, request, checked.contract, checked.digest)
     return Reservation(effect=record, created=False, replayed=True)
 
 
