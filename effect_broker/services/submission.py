@@ -27,6 +27,7 @@ from effect_broker.domain.keys import (
     derive_request_hash_key,
     downstream_key,
     keyed_request_hash,
+    keyed_request_hash_of,
     validate_operation_key,
 )
 from effect_broker.domain.payload_crypto import encrypt, redacted_preview
@@ -74,13 +75,18 @@ def request_hash_for(
 
 
 def _request_hash(
-    rt: Runtime, tenant_id: str, request: EffectRequest, contract: EffectContract
+    rt: Runtime,
+    tenant_id: str,
+    tool: str,
+    canonical_args: bytes,
+    contract: EffectContract,
 ) -> bytes:
-    return request_hash_for(
-        rt.master_key,
-        tenant_id,
-        tool=request.tool,
-        arguments=request.arguments,
+    """``request_hash_for`` of arguments canonicalised once per submit (they are also
+    what a new intent encrypts)."""
+    return keyed_request_hash_of(
+        derive_request_hash_key(rt.master_key, tenant_id),
+        tool=tool,
+        canonical_arguments=canonical_args,
         contract_name=contract.name,
         contract_version=contract.version,
     )
@@ -109,10 +115,13 @@ class CheckedRequest:
 class PreparedIntent:
     """A request checked and sealed for the ledger, not yet written."""
 
-    request: EffectRequest
-    contract: EffectContract
-    digest: bytes
+    checked: CheckedRequest
     intent: store.NewIntent
+
+    @property
+    def contract(self) -> EffectContract:
+        """The contract active for the request's tool."""
+        return self.checked.contract
 
 
 def check_request(rt: Runtime, tenant: Tenant, request: EffectRequest) -> CheckedRequest:
@@ -132,7 +141,7 @@ def check_request(rt: Runtime, tenant: Tenant, request: EffectRequest) -> Checke
     declared = contract.declared_secrets(tenant.name)
     refuse_undeclared(refs, declared, contract=contract.label)
     canonical_args = canonical_json(dict(request.arguments))
-    digest = _request_hash(rt, str(tenant.id), request, contract)
+    digest = _request_hash(rt, str(tenant.id), request.tool, canonical_args, contract)
     return CheckedRequest(request, operation_key, contract, canonical_args, digest)
 
 
@@ -177,9 +186,7 @@ def prepare_intent(rt: Runtime, tenant: Tenant, request: EffectRequest) -> Prepa
     """Check ``request`` and seal its intent up front: a batch item, whose one
     reservation statement answers an unseen key and a replay alike."""
     checked = check_request(rt, tenant, request)
-    return PreparedIntent(
-        request, checked.contract, checked.digest, seal_intent(rt, tenant, checked)
-    )
+    return PreparedIntent(checked, seal_intent(rt, tenant, checked))
 
 
 def reservation_job(rt: Runtime, intent: store.NewIntent) -> store.QueuedJob | None:
@@ -229,7 +236,7 @@ def submit(
     # key costs this read (a miss on the same index) before its reservation.
     existing = store.find_effect_by_key(tenant_id, operation_key)
     if existing is not None:
-        _refuse_drift(rt, existing, request, checked.contract, checked.digest)
+        _refuse_drift(rt, existing, checked)
         return Reservation(effect=existing, created=False, replayed=True)
     intent = seal_intent(rt, tenant, checked)
     actor = request.requested_by or "caller"
@@ -250,17 +257,11 @@ def submit(
         return Reservation(effect=record, created=True, replayed=False)
     # Inserted by a concurrent submit of the same key since the read above: the
     # reservation statement answered with that row, checked as any replay.
-    _refuse_drift(rt, record, request, checked.contract, checked.digest)
+    _refuse_drift(rt, record, checked)
     return Reservation(effect=record, created=False, replayed=True)
 
 
-def _refuse_drift(
-    rt: Runtime,
-    record: EffectRecord,
-    request: EffectRequest,
-    active: EffectContract,
-    digest: bytes,
-) -> None:
+def _refuse_drift(rt: Runtime, record: EffectRecord, checked: CheckedRequest) -> None:
     """Raise unless ``request`` is a replay of ``record``.
 
     The hash is compared under the contract the effect is PINNED to, not the one
@@ -274,6 +275,7 @@ def _refuse_drift(
         f"(GET /v1/effects/{record.effect_id}) before acting again."
     )
     pinned = f"{record.contract_name}@{record.contract_version}"
+    active, digest = checked.contract, checked.digest
     if (record.contract_name, record.contract_version) != (active.name, active.version):
         try:
             contract = rt.registry.get(record.contract_name, record.contract_version)
@@ -287,7 +289,9 @@ def _refuse_drift(
                 effect_id=record.effect_id,
                 pinned_contract=pinned,
             ) from None
-        digest = _request_hash(rt, record.tenant_id, request, contract)
+        digest = _request_hash(
+            rt, record.tenant_id, checked.request.tool, checked.canonical_args, contract
+        )
     if record.request_hash != digest:
         raise PayloadConflictError(
             f"operation key {record.operation_key!r} is effect {record.effect_id}, "
