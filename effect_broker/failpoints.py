@@ -27,10 +27,11 @@ from pathlib import Path
 
 #: Every failpoint the code defines, in the order an effect passes them. The
 #: reservation and the receipt are each one statement that carries its own commit, so
-#: ``before_reservation_commit`` and ``before_receipt_commit`` fire just before that
-#: statement is sent - for every submit (a replay included) and for every receipt
-#: write (one the fence will refuse included) - and the ``after_`` ones once it
-#: returned.
+#: ``before_reservation_commit`` fires before a submit's first statement (its read by
+#: key, which answers a replay; a new key's reservation follows it) - for every submit,
+#: a replay included - and ``before_receipt_commit`` just before the receipt's
+#: statement is sent, for every receipt write (one the fence will refuse included); the
+#: ``after_`` ones once that statement returned.
 FAILPOINTS = (
     "before_reservation_commit",
     "after_reservation_commit",

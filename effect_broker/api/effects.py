@@ -202,8 +202,9 @@ def submit_effect(request: HttpRequest, body: SubmitOneIn, response: HttpRespons
         response[REPLAYED_HEADER] = "true"
     return Status(
         202 if reservation.created else 200,
-        # No pause lookup here: a submit stays one statement (issue 13); the
-        # effect's reads say whether a pause holds it.
+        # No pause lookup here: a replay stays one read and a new key one read and
+        # one reservation (issues 13, 25); the effect's reads say whether a pause
+        # holds it.
         effect_out(
             reservation.effect, created=reservation.created, replayed=reservation.replayed
         ),

@@ -114,7 +114,7 @@ def submit_many(
         first.setdefault(item.intent.operation_key, index)
     unique = [prepared[i] for i in sorted(first.values())]
     jobs = [reservation_job(rt, p.intent) for p in unique]
-    actors = [p.request.requested_by or "caller" for p in unique]
+    actors = [p.checked.request.requested_by or "caller" for p in unique]
     now = rt.clock.now()
     # The first due time is the database's clock, not this host's (issue 19).
     offset = rt.clock.database_offset()
@@ -152,7 +152,7 @@ def submit_many(
             results.append(BatchItemResult(index, CREATED, effect=record))
             continue
         try:
-            _refuse_drift(rt, record, item.request, item.contract, item.digest)
+            _refuse_drift(rt, record, item.checked)
         except (PayloadConflictError, UnknownContractError) as exc:
             reason = (
                 "payload_drift"

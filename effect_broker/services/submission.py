@@ -27,6 +27,7 @@ from effect_broker.domain.keys import (
     derive_request_hash_key,
     downstream_key,
     keyed_request_hash,
+    keyed_request_hash_of,
     validate_operation_key,
 )
 from effect_broker.domain.payload_crypto import encrypt, redacted_preview
@@ -74,13 +75,18 @@ def request_hash_for(
 
 
 def _request_hash(
-    rt: Runtime, tenant_id: str, request: EffectRequest, contract: EffectContract
+    rt: Runtime,
+    tenant_id: str,
+    tool: str,
+    canonical_args: bytes,
+    contract: EffectContract,
 ) -> bytes:
-    return request_hash_for(
-        rt.master_key,
-        tenant_id,
-        tool=request.tool,
-        arguments=request.arguments,
+    """``request_hash_for`` of arguments canonicalised once per submit (they are also
+    what a new intent encrypts)."""
+    return keyed_request_hash_of(
+        derive_request_hash_key(rt.master_key, tenant_id),
+        tool=tool,
+        canonical_arguments=canonical_args,
         contract_name=contract.name,
         contract_version=contract.version,
     )
@@ -94,18 +100,33 @@ def _require_length(field: str, value: str, cap: int) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckedRequest:
+    """A request checked and hashed: everything a replay needs, nothing sealed yet."""
+
+    request: EffectRequest
+    operation_key: str
+    contract: EffectContract
+    #: The arguments' canonical JSON, which a new intent encrypts.
+    canonical_args: bytes
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedIntent:
     """A request checked and sealed for the ledger, not yet written."""
 
-    request: EffectRequest
-    contract: EffectContract
-    digest: bytes
+    checked: CheckedRequest
     intent: store.NewIntent
 
+    @property
+    def contract(self) -> EffectContract:
+        """The contract active for the request's tool."""
+        return self.checked.contract
 
-def prepare_intent(rt: Runtime, tenant: Tenant, request: EffectRequest) -> PreparedIntent:
-    """Check ``request`` and build its intent: the one way a single submit and a batch
-    item are checked (in this order) and sealed before anything is written."""
+
+def check_request(rt: Runtime, tenant: Tenant, request: EffectRequest) -> CheckedRequest:
+    """Check ``request`` and compute its request hash: the one way a single submit and
+    a batch item are checked (in this order) before anything is read or written."""
     operation_key = validate_operation_key(request.operation_key)
     _require_length("requested_by", request.requested_by, MAX_REQUESTED_BY_LENGTH)
     _require_length("trace_id", request.trace_id or "", MAX_TRACE_ID_LENGTH)
@@ -119,22 +140,30 @@ def prepare_intent(rt: Runtime, tenant: Tenant, request: EffectRequest) -> Prepa
     # So is one the contract does not declare for this tenant, before any lookup.
     declared = contract.declared_secrets(tenant.name)
     refuse_undeclared(refs, declared, contract=contract.label)
-    tenant_id = str(tenant.id)
     canonical_args = canonical_json(dict(request.arguments))
-    digest = _request_hash(rt, tenant_id, request, contract)
+    digest = _request_hash(rt, str(tenant.id), request.tool, canonical_args, contract)
+    return CheckedRequest(request, operation_key, contract, canonical_args, digest)
+
+
+def seal_intent(rt: Runtime, tenant: Tenant, checked: CheckedRequest) -> store.NewIntent:
+    """The new intent of a checked request: its arguments encrypted, their redacted
+    preview, its downstream key, its approval rule. Only a key the ledger does not
+    hold yet is sealed: a replay never pays for it."""
+    request, contract = checked.request, checked.contract
+    operation_key, tenant_id = checked.operation_key, str(tenant.id)
     key_id, ciphertext = encrypt(
-        rt.keyring, canonical_args, aad=arguments_aad(tenant_id, operation_key)
+        rt.keyring, checked.canonical_args, aad=arguments_aad(tenant_id, operation_key)
     )
     # Issue 24: a contract may ask for an operator's approval before anything is
     # sent; such an effect is reserved awaiting it, with its deadline on the
     # database's clock, and no dispatch job.
     rule = contract.approval
     awaiting = rule is not None and rule.applies_to(request.arguments)
-    intent = store.NewIntent(
+    return store.NewIntent(
         tenant_id=tenant_id,
         operation_key=operation_key,
         tool=request.tool,
-        request_hash=digest,
+        request_hash=checked.digest,
         arguments_ciphertext=ciphertext,
         arguments_key_id=key_id,
         arguments_preview=redacted_preview(request.arguments, contract.preview_fields),
@@ -151,7 +180,13 @@ def prepare_intent(rt: Runtime, tenant: Tenant, request: EffectRequest) -> Prepa
         due_in=rule.ttl if rule is not None and awaiting else timedelta(0),
         approval_rule=rule.describe() if rule is not None and awaiting else "",
     )
-    return PreparedIntent(request, contract, digest, intent)
+
+
+def prepare_intent(rt: Runtime, tenant: Tenant, request: EffectRequest) -> PreparedIntent:
+    """Check ``request`` and seal its intent up front: a batch item, whose one
+    reservation statement answers an unseen key and a replay alike."""
+    checked = check_request(rt, tenant, request)
+    return PreparedIntent(checked, seal_intent(rt, tenant, checked))
 
 
 def reservation_job(rt: Runtime, intent: store.NewIntent) -> store.QueuedJob | None:
@@ -191,15 +226,23 @@ def submit(
     rt = runtime or get_runtime()
     if tenant.disabled:
         raise TenantDisabledError(f"tenant {tenant.name!r} is disabled")
-    prepared = prepare_intent(rt, tenant, request)
-    intent, contract, digest = prepared.intent, prepared.contract, prepared.digest
-    operation_key, tenant_id = intent.operation_key, intent.tenant_id
-    actor = request.requested_by or "caller"
+    checked = check_request(rt, tenant, request)
+    tenant_id, operation_key = str(tenant.id), checked.operation_key
     subject = f"{tenant_id}/{operation_key}"
+    # Before the submit's first statement: nothing of it is written yet.
+    failpoints.hit("before_reservation_commit", subject=subject)
+    # Issue 25, item 3: a replay is one indexed read (prepared, on the unique key) and
+    # the hash comparison; nothing is sealed, encrypted or sent to be inserted. A new
+    # key costs this read (a miss on the same index) before its reservation.
+    existing = store.find_effect_by_key(tenant_id, operation_key)
+    if existing is not None:
+        _refuse_drift(rt, existing, checked)
+        return Reservation(effect=existing, created=False, replayed=True)
+    intent = seal_intent(rt, tenant, checked)
+    actor = request.requested_by or "caller"
     # The dispatch job commits with the intent or not at all (STYLE rule 5): it rides
     # in the reservation statement, which is about to be sent.
     job = reservation_job(rt, intent)
-    failpoints.hit("before_reservation_commit", subject=subject)
     record, created = store.reserve(
         intent,
         now=rt.clock.now(),
@@ -212,17 +255,13 @@ def submit(
         after_reservation(rt, record, job)
         failpoints.hit("after_reservation_commit", subject=subject)
         return Reservation(effect=record, created=True, replayed=False)
-    _refuse_drift(rt, record, request, contract, digest)
+    # Inserted by a concurrent submit of the same key since the read above: the
+    # reservation statement answered with that row, checked as any replay.
+    _refuse_drift(rt, record, checked)
     return Reservation(effect=record, created=False, replayed=True)
 
 
-def _refuse_drift(
-    rt: Runtime,
-    record: EffectRecord,
-    request: EffectRequest,
-    active: EffectContract,
-    digest: bytes,
-) -> None:
+def _refuse_drift(rt: Runtime, record: EffectRecord, checked: CheckedRequest) -> None:
     """Raise unless ``request`` is a replay of ``record``.
 
     The hash is compared under the contract the effect is PINNED to, not the one
@@ -236,6 +275,7 @@ def _refuse_drift(
         f"(GET /v1/effects/{record.effect_id}) before acting again."
     )
     pinned = f"{record.contract_name}@{record.contract_version}"
+    active, digest = checked.contract, checked.digest
     if (record.contract_name, record.contract_version) != (active.name, active.version):
         try:
             contract = rt.registry.get(record.contract_name, record.contract_version)
@@ -249,7 +289,9 @@ def _refuse_drift(
                 effect_id=record.effect_id,
                 pinned_contract=pinned,
             ) from None
-        digest = _request_hash(rt, record.tenant_id, request, contract)
+        digest = _request_hash(
+            rt, record.tenant_id, checked.request.tool, checked.canonical_args, contract
+        )
     if record.request_hash != digest:
         raise PayloadConflictError(
             f"operation key {record.operation_key!r} is effect {record.effect_id}, "

@@ -83,6 +83,16 @@ def get_effect_by_key(tenant_id: str, operation_key: str) -> EffectRecord:
     return record_from_row(row)
 
 
+def find_effect_by_key(tenant_id: str, operation_key: str) -> EffectRecord | None:
+    """This tenant's effect for an operation key, or None: a submit's first read, so a
+    replay is this one indexed read (issue 25, item 3). Prepared on the server, as the
+    reservation that follows it when the key is new."""
+    with prepared.cursor() as cur:
+        cur.execute(sql.SELECT_INTENT_BY_KEY, [tenant_id, operation_key])
+        row = cur.fetchone()
+    return None if row is None else record_from_row(row)
+
+
 def load_effect_for_worker(effect_id: str) -> EffectRecord:
     """Unscoped read for workers, which act on ids from the job queue, not callers."""
     with connection.cursor() as cur:

@@ -83,9 +83,11 @@ _EVENT_OF = (
 # One statement (so one round trip, and in autocommit one commit): the intent, its
 # first event and - when the scheduler provides one - the dispatch job commit together
 # or not at all; the event and the job select FROM ``intent``, so a replay writes
-# neither. The same statement answers a replay (issue 13: one round trip, hit or
-# miss): when the insert returned nothing, the second branch reads the existing row by
-# key through the same unique index the conflict was found on. The leading boolean
+# neither. The same statement answers a key that exists (issue 13): when the insert
+# returned nothing, the second branch reads the existing row by key through the same
+# unique index the conflict was found on. A single submit reads the key first
+# (``SELECT_INTENT_BY_KEY``, issue 25 item 3), so a replay never gets here; this branch
+# answers a key inserted by a concurrent submit after that read. The leading boolean
 # says which branch answered (true: created). A row this statement's snapshot cannot
 # see - a concurrent inserter of the same key, whom ON CONFLICT waited for and whose
 # commit came after the snapshot - makes both branches empty; only then does the

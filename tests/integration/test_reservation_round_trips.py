@@ -1,6 +1,9 @@
-"""Issue 13: a new key and a replay are each answered by ONE statement (one round trip);
-only the concurrent-insert race - ON CONFLICT waited for another transaction's insert,
-which this statement's snapshot cannot see - reads the winner in a second statement."""
+"""Round trips of a submit. Issue 25, item 3: a replay is ONE indexed read (a prepared
+SELECT by tenant and key, nothing sealed, nothing inserted) plus the answer; a new key
+is that read, a miss, then ONE reservation statement (intent + event + job). Issue 13:
+the reservation answers a key that exists too, so only the concurrent-insert race - ON
+CONFLICT waited for another transaction's insert, which this statement's snapshot
+cannot see - reads the winner in a second statement."""
 
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from effect_broker import store
+from effect_broker.domain.errors import PayloadConflictError
 from effect_broker.domain.records import EffectRecord, EffectRequest
+from effect_broker.domain.states import EffectStatus
 from effect_broker.models import EffectEvent, EffectIntent
 from effect_broker.scheduling import ProcrastinateScheduler
 from effect_broker.services.submission import submit
@@ -52,22 +57,104 @@ def _jobs_for(effect_id: str) -> int:
         return int(cur.fetchone()[0])
 
 
+def _statements(queries: CaptureQueriesContext) -> list[str]:
+    """The first word of each statement sent."""
+    return [q["sql"].split(None, 1)[0].upper() for q in queries.captured_queries]
+
+
 @pytest.mark.django_db
-def test_a_new_key_is_one_statement_and_a_replay_is_one_statement(tenant) -> None:
+def test_a_replay_is_one_indexed_read_and_a_new_key_reads_then_reserves(tenant) -> None:
     # Given a tenant and a key never seen
-    # When it is submitted, then submitted again
+    # When it is submitted, then submitted again with the same payload
     with CaptureQueriesContext(connection) as new:
         first = submit(tenant, _request("order:rt:1"))
     with CaptureQueriesContext(connection) as replay:
         again = submit(tenant, _request("order:rt:1"))
-    # Then each submit sent exactly one statement, and the replay is the same effect
-    assert [q["sql"].lstrip()[:4] for q in new.captured_queries] == ["WITH"]
-    assert [q["sql"].lstrip()[:4] for q in replay.captured_queries] == ["WITH"]
+    # Then the new key was read (a miss), then reserved in one statement
+    assert _statements(new) == ["SELECT", "WITH"]
+    # And the replay sent exactly one statement: the read by key, nothing inserted
+    assert _statements(replay) == ["SELECT"]
+    read = replay.captured_queries[0]["sql"]
+    assert "INSERT" not in read.upper()
+    assert "WHERE tenant_id = " in read
+    assert "AND operation_key = " in read
+    # And it answered the same effect, field for field (head digest included)
     assert (first.created, again.created, again.replayed) == (True, False, True)
     assert again.effect == first.effect
-    # And the replay's statement wrote no event and queued no job
+    # And wrote no event and queued no job
     assert EffectEvent.objects.filter(effect_id=first.effect.effect_id).count() == 1
     assert _jobs_for(first.effect.effect_id) == 1
+
+
+@pytest.mark.django_db
+def test_a_drifted_payload_is_refused_after_the_one_read(tenant) -> None:
+    # Given an effect reserved for a key
+    first = submit(tenant, _request("order:rt:drift"))
+    drifted = EffectRequest(
+        operation_key="order:rt:drift",
+        tool="charge_card",
+        arguments={"order": "42", "amount_minor": 2999, "currency": "EUR"},
+    )
+    # When the key comes again with another payload
+    with (
+        CaptureQueriesContext(connection) as queries,
+        pytest.raises(PayloadConflictError) as err,
+    ):
+        submit(tenant, drifted)
+    # Then it is the stable conflict, decided by the one read, and nothing changed
+    assert err.value.code == "payload_conflict"
+    assert _statements(queries) == ["SELECT"]
+    assert store.get_effect(str(tenant.id), first.effect.effect_id) == first.effect
+
+
+@pytest.mark.django_db
+def test_a_replay_answers_the_effects_current_state(tenant) -> None:
+    # Given an effect a worker has claimed since it was reserved (version 2)
+    first = submit(tenant, _request("order:rt:claimed"))
+    claimed, _ = store.start_attempt(
+        store.load_effect_for_worker(first.effect.effect_id),
+        worker="w1",
+        now=tenant.created_at,
+        changes={},
+    )
+    # When the caller retries the submit
+    with CaptureQueriesContext(connection) as replay:
+        again = submit(tenant, _request("order:rt:claimed"))
+    # Then the one read answers the row as it is now, not as it was reserved
+    assert _statements(replay) == ["SELECT"]
+    assert again.replayed is True
+    assert again.effect == claimed
+    assert (again.effect.status, again.effect.version) == (
+        EffectStatus.DISPATCHING,
+        2,
+    )
+
+
+@pytest.mark.django_db
+def test_a_key_inserted_between_the_read_and_the_reservation_is_a_replay(
+    tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an effect whose key the submit's read does not see (as when a concurrent
+    # submit commits it just after that read)
+    first = submit(tenant, _request("order:rt:race"))
+    monkeypatch.setattr(store, "find_effect_by_key", lambda tenant_id, key: None)
+    # When the key comes again: the reservation statement finds it
+    with CaptureQueriesContext(connection) as queries:
+        again = submit(tenant, _request("order:rt:race"))
+    # Then it is answered as a replay of that effect, and nothing was written
+    assert _statements(queries) == ["WITH"]
+    assert (again.created, again.replayed) == (False, True)
+    assert again.effect == first.effect
+    assert EffectEvent.objects.filter(effect_id=first.effect.effect_id).count() == 1
+    assert _jobs_for(first.effect.effect_id) == 1
+    # And another payload in that window is still the conflict
+    drifted = EffectRequest(
+        operation_key="order:rt:race",
+        tool="charge_card",
+        arguments={"order": "42", "amount_minor": 1, "currency": "EUR"},
+    )
+    with pytest.raises(PayloadConflictError):
+        submit(tenant, drifted)
 
 
 @pytest.mark.django_db

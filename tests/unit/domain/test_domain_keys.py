@@ -20,7 +20,9 @@ from effect_broker.domain.keys import (
     digest_hex,
     downstream_key,
     keyed_request_hash,
+    keyed_request_hash_of,
     operation_key_digest,
+    request_document_of,
     request_hash,
     validate_operation_key,
 )
@@ -148,6 +150,60 @@ def test_given_known_request_then_keyed_hash_is_hmac_of_the_canonical_document()
     assert _keyed() == hmac.new(key, document, "sha256").digest()
     assert _keyed() != hashlib.sha256(document).digest()
     assert len(_keyed()) == 32
+
+
+# Floats and non-ASCII keys too: those documents are written by rfc8785, not json.dumps.
+documents_args = st.dictionaries(
+    st.text(max_size=8),
+    st.recursive(
+        json_scalars
+        | st.floats(
+            min_value=-MAX_SAFE_INTEGER,
+            max_value=MAX_SAFE_INTEGER,
+            allow_nan=False,
+            allow_infinity=False,
+        ),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner),
+        max_leaves=8,
+    ),
+    max_size=5,
+)
+
+
+@given(documents_args, st.text(max_size=12), st.text(max_size=12), st.text(max_size=12))
+def test_given_canonical_arguments_then_the_assembled_document_is_the_canonical_one(
+    arguments: dict[str, Any], tool: str, name: str, version: str
+) -> None:
+    # A submit canonicalises its arguments once and builds the hashed document around
+    # those bytes (issue 25, item 3): they must be the bytes of the whole document,
+    # or every stored request hash would stop matching its replays.
+    whole = canonical_json(
+        {
+            "tool": tool,
+            "arguments": arguments,
+            "contract_name": name,
+            "contract_version": version,
+        }
+    )
+    canonical_arguments = canonical_json(arguments)
+    assembled = request_document_of(
+        tool=tool,
+        canonical_arguments=canonical_arguments,
+        contract_name=name,
+        contract_version=version,
+    )
+    assert assembled == whole
+    key = derive_request_hash_key(MASTER, TENANT)
+    assert (
+        keyed_request_hash_of(
+            key,
+            tool=tool,
+            canonical_arguments=canonical_arguments,
+            contract_name=name,
+            contract_version=version,
+        )
+        == hmac.new(key, whole, "sha256").digest()
+    )
 
 
 def test_given_the_same_payload_in_two_tenants_then_keyed_hashes_differ() -> None:
