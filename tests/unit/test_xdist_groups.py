@@ -3,7 +3,9 @@
 The crash matrix restarts and stops an embedded server of its own under the checkout
 and ``effect-broker dev`` writes under the checkout too: two such runs at the same
 moment on two workers would break each other. A new test file that starts either must
-land in its group, or the suite turns flaky only when run in parallel.
+land in its group, or the suite turns flaky only when run in parallel. A file whose
+matrix runs get a state directory of their own (``EFFECT_BROKER_STATE_DIR``, so a
+server of their own) may instead run whole on one worker of its choosing.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ STARTS = {
     "crash-matrix": re.compile(r'"demo",\s*"crash-matrix"|run_matrix\(|open_rig\('),
     "dev": re.compile(r'"effect_broker\.cli",\s*"dev"'),
 }
+#: How a file gives its matrix runs a state directory (and so a server) of their own.
+OWN_STATE = re.compile(r"EFFECT_BROKER_STATE_DIR=")
 
 
 def test_every_test_file_that_starts_a_shared_run_is_in_its_group() -> None:
@@ -30,11 +34,14 @@ def test_every_test_file_that_starts_a_shared_run_is_in_its_group() -> None:
         for group, pattern in STARTS.items():
             if pattern.search(text) and relative != "tests/unit/test_xdist_groups.py":
                 found[group].append(relative)
-                assert xdist_group_of(f"{relative}::test") == group, relative
+                where = xdist_group_of(f"{relative}::test")
+                own_state = group == "crash-matrix" and OWN_STATE.search(text)
+                assert where == (relative if own_state else group), relative
     # The scan sees the files it is meant for (a pattern that matches nothing checks
     # nothing).
     assert "tests/crash/conftest.py" in found["crash-matrix"]
     assert "tests/acceptance/test_crash_matrix_cli.py" in found["crash-matrix"]
+    assert xdist_group_of("tests/crash/test_crash_matrix.py::test") == "crash-matrix"
     assert found["dev"] == ["tests/acceptance/test_dev_command.py"]
 
 
