@@ -81,7 +81,9 @@ def http_payments(target: TargetProcess, tmp_path: Path) -> Iterator[str]:
         stdin=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
+        # A hang guard: the server starts in about a second alone, but took over 30 s
+        # on a machine at load average 28.
+        deadline = time.monotonic() + 120
         while not port_file.exists():
             assert process.poll() is None, "the payments server exited"
             assert time.monotonic() < deadline, "the payments server did not start"
