@@ -22,7 +22,7 @@ from effect_broker.adapters.base import DispatchRequest, DispatchResult
 from effect_broker.adapters.conformance_kit import ConformanceKit, KitRow, rows_passed
 from effect_broker.adapters.http_adapter import HttpAdapter
 from effect_broker.domain.contracts import EffectContract, parse_contracts
-from effect_broker.domain.errors import SendRefusedError
+from effect_broker.domain.errors import RetryableAdapterError, SendRefusedError
 from effect_broker.domain.states import SafetyClass
 from examples.crash_matrix.target_client import TargetProcess
 from examples.mcp_upstream.contracts import MCP_TOOLS, mcp_contracts_toml
@@ -334,3 +334,69 @@ def test_a_fault_whose_request_never_arrived_does_not_fall_on_the_next_check(
     ]
     outcomes = {check: row.outcome for check, row in rows.items()}
     assert outcomes == {**EXPECTED[SafetyClass.IDEMPOTENT], "lost_answer": "FAIL"}
+
+
+class StartingHttpAdapter(HttpAdapter):
+    """The real http adapter with a ``warm_up`` (as a stdio server's) whose first
+    ``failures`` calls cannot start the server."""
+
+    def __init__(self, contract: EffectContract, failures: int) -> None:
+        super().__init__(contract)
+        self.failures = failures
+        self.warm_ups = 0
+
+    def warm_up(self) -> None:
+        self.warm_ups += 1
+        if self.warm_ups <= self.failures:
+            raise RetryableAdapterError(
+                "the server could not be started (test)",
+                adapter=self.name,
+                reason="upstream_unavailable",
+            )
+
+
+def starting_kit(target: TargetProcess, failures: int) -> ConformanceKit:
+    contract = http_contract(target, SafetyClass.IDEMPOTENT)
+    assert contract.retry_limit == 3
+    return ConformanceKit(
+        contract,
+        arguments=ARGUMENTS,
+        attempt_limit=1.0,
+        adapter_factory=lambda c: StartingHttpAdapter(c, failures),
+    )
+
+
+def test_a_start_that_fails_is_tried_again_as_the_broker_would(
+    target: TargetProcess,
+) -> None:
+    # Given a server whose first 3 starts fail (retry_limit 3: 4 tries)
+    run = starting_kit(target, failures=3)
+    # When the kit runs
+    rows = run.run()
+    # Then the fourth start served the first check, and every check passes
+    assert {r.check: r.outcome for r in rows} == EXPECTED[SafetyClass.IDEMPOTENT]
+    assert isinstance(run.adapter, StartingHttpAdapter)
+    # (3 failed starts, then one per attempt: 1 + 2 + 2 + 2 + 3)
+    assert run.adapter.warm_ups == 3 + 10
+
+
+def test_a_server_that_never_starts_leaves_every_check_inconclusive(
+    target: TargetProcess,
+) -> None:
+    # Given a server that never starts
+    run = starting_kit(target, failures=1000)
+    # When the kit runs
+    rows = run.run()
+    # Then every check that applies FAILs as inconclusive, naming the start
+    for row in rows:
+        if row.outcome != "n/a":
+            assert row.outcome == "FAIL", row
+            assert row.evidence.startswith(
+                "inconclusive: the server could not be started (test) (tries: "
+            ), row
+    # And the first check tried 4 times, each later one once; nothing was sent
+    assert "(tries: 4)" in rows[0].evidence
+    assert "(tries: 1)" in rows[-1].evidence
+    assert isinstance(run.adapter, StartingHttpAdapter)
+    assert run.adapter.warm_ups == 4 + 4
+    assert target.stats()["requests"] == 0
