@@ -26,6 +26,13 @@ Checks (one row each; ``pass``, ``FAIL`` or ``n/a`` with the evidence):
                         still answers the original id)
 
 The plan (how many requests) is known before anything is sent: ``plan()``.
+
+A stdio server is started (or pinged) before each attempt and each lookup, outside the
+attempt's limit (``McpAdapter.warm_up``): the limit times the call, as a worker's kept
+server would see it, not a process start that takes seconds on a busy host. A check
+whose request never reached the target (the server did not start within its
+``connect_timeout``, the attempt was refused before anything was sent) proves nothing:
+it FAILs as ``inconclusive: ...``, since an unproved promise is not a pass.
 """
 
 from __future__ import annotations
@@ -130,6 +137,10 @@ class _Fail(Exception):
     """A broken promise, with the evidence as its message."""
 
 
+def _inconclusive(why: str) -> _Fail:
+    return _Fail(f"inconclusive: {why}; the promise is unproved (nothing to read)")
+
+
 class _NotApplicable(Exception):
     """A check that does not apply, with the reason as its message."""
 
@@ -229,6 +240,8 @@ class ConformanceKit:
         self.adapter: EffectAdapter | None = None
         self.proxies: list[FaultProxy | StdioFaults] = []
         self._effect_proxy: FaultProxy | StdioFaults | None = None
+        #: True once a stdio server could not be started in all its tries.
+        self._start_failed = False
 
     # --- what the run will do ----------------------------------------------------------
 
@@ -428,6 +441,10 @@ class ConformanceKit:
                     rows.append(KitRow(check, promise, "n/a", str(skip)))
                 else:
                     rows.append(KitRow(check, promise, "pass", evidence))
+                finally:
+                    # A fault armed for a request that never reached the proxy must
+                    # not fall on the next check's first request.
+                    self._proxy.disarm()
         return rows
 
     def effect_requests_forwarded(self) -> int:
@@ -470,16 +487,54 @@ class ConformanceKit:
             )
         )
 
+    def _ready(self) -> None:
+        """Start (or ping) a stdio server before an attempt or a lookup, so its start
+        is not spent from the attempt's limit; ``_Fail`` (inconclusive) when it does
+        not start."""
+        warm_up = getattr(self.adapter, "warm_up", None)
+        if not callable(warm_up):
+            return
+        # Each try is bounded by connect_timeout and proved nothing was sent: the
+        # broker would retry it up to retry_limit times, and so does the kit (a start
+        # on a loaded host can overrun once). A server that used up its tries gets
+        # one per later use: every check still says why, without the full wait.
+        tries = 1 if self._start_failed else self.contract.retry_limit + 1
+        for tried in range(1, tries + 1):
+            try:
+                warm_up()
+            except AdapterError as exc:
+                if tried < tries:
+                    continue
+                self._start_failed = True
+                raise _inconclusive(
+                    f"{exc} (tries: {tried}), before the check's request was sent"
+                ) from exc
+            self._start_failed = False
+            return
+
     def _attempt(
         self, effect: EffectRecord, arguments: Mapping[str, object] | None = None
     ) -> DispatchResult | AdapterError:
+        self._ready()
         try:
             return self._dispatch(effect, arguments)
         except AdapterError as exc:
             return exc
 
+    def _reached(self, start: int, outcome: DispatchResult | AdapterError) -> Exchange:
+        """The exchange of the attempt made after ``start`` exchanges; ``_Fail``
+        (inconclusive) when it never reached the proxy."""
+        exchanges = self._proxy.exchanges
+        if len(exchanges) > start:
+            return exchanges[start]
+        raise _inconclusive(
+            f"the request never reached the target (the adapter said "
+            f"{self._said(outcome)})"
+        )
+
     def _probe(self, effect: EffectRecord) -> ProbeResult:
         assert self.adapter is not None
+        self._ready()
         return self.adapter.probe(
             ProbeRequest(
                 effect=effect, arguments=self.arguments, contract=self.adapter.contract
@@ -619,6 +674,13 @@ class ConformanceKit:
         exchanges = self._proxy.exchanges[start:]
         kinds = [self._kind(a) for e in exchanges for a in e.answers]
         sent = sum(e.forwarded for e in exchanges)
+        if sent < 2 or not kinds:
+            # Fewer than two requests (or no answer) under the key test nothing: they
+            # must not read as "made 1 effect".
+            raise _inconclusive(
+                f"{sent} request(s) under one key reached the target, with "
+                f"{len(kinds)} answer(s)"
+            )
         errors = [k for k in kinds if k[0] == "error"]
         if errors:
             raise _Fail(
@@ -650,7 +712,7 @@ class ConformanceKit:
         self._proxy.arm(fault, hold=self.attempt_limit + 1.0)
         sent_at = time.monotonic()
         outcome = self._attempt(effect)
-        exchange = self._proxy.exchanges[start]
+        exchange = self._reached(start, outcome)
         kinds = [self._kind(a) for a in exchange.answers]
         what = "lost" if fault == "lose_answer" else "held past the attempt limit"
         if not kinds or kinds[0][0] == "error":
@@ -701,7 +763,7 @@ class ConformanceKit:
         start = len(self._proxy.exchanges)
         self._proxy.arm("reset")
         outcome = self._attempt(effect)
-        exchange = self._proxy.exchanges[start]
+        exchange = self._reached(start, outcome)
         if exchange.forwarded:  # pragma: no cover - the proxy never forwards a reset
             raise _Fail("the proxy forwarded a request it was to reset")
         if isinstance(outcome, DispatchResult):

@@ -143,6 +143,11 @@ class FaultProxy:
         with self._lock:
             self._armed.append((fault, hold))
 
+    def disarm(self) -> None:
+        """Drop every fault not yet played (its request never came)."""
+        with self._lock:
+            self._armed.clear()
+
     def effect_requests_forwarded(self) -> int:
         """Effect requests that reached the target (a twice-delivered one counts 2)."""
         with self._lock:

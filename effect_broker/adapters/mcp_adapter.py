@@ -210,6 +210,32 @@ class McpAdapter(EffectAdapter):
         if self._sessions is not None:
             self._sessions.close()
 
+    def warm_up(self) -> None:
+        """Start (or ping) the kept stdio server now, outside any attempt; nothing is
+        sent to the tool. ``RetryableAdapterError`` (``upstream_unavailable``) when it
+        does not start and initialize within ``connect_timeout``; over HTTP a no-op
+        (each attempt opens its own session)."""
+        # For the conformance kit (issue 22, item 1): an attempt's limit then times
+        # the call it is about, not a Python server's start, which takes seconds on
+        # a loaded host and used to spend a short limit before tools/call was written.
+        sessions = self._sessions
+        if sessions is None:
+            return
+        connect = self.upstream.connect_timeout.total_seconds()
+
+        async def started() -> None:
+            async with sessions.session(connect):
+                pass
+
+        try:
+            sessions.run(started)
+        except UpstreamUnavailable as exc:
+            raise RetryableAdapterError(
+                f"the upstream MCP server could not be started ({exc})",
+                adapter=self.name,
+                reason="upstream_unavailable",
+            ) from exc
+
     def _run(self, fn: Callable[..., Awaitable[_T]], *args: Any) -> _T:
         if self._sessions is not None:
             return self._sessions.run(lambda: fn(*args))

@@ -14,8 +14,11 @@ For a ``tools/call`` of ``T`` it plays the fault armed in ``DIR/next`` (written 
 * ``twice`` - forward, then forward the same call again under another JSON-RPC id,
   and answer with the second answer.
 
-Every ``tools/call`` of ``T`` is one line in ``DIR/exchanges.jsonl`` with the answers
-the server gave (the evidence); a call of ``L`` is one line in ``DIR/lookups``.
+Every ``tools/call`` of ``T`` is an exchange in ``DIR/exchanges.jsonl``, written when
+it arrives and again as it is forwarded and answered (its ``id`` names it: the last
+line wins, the first gives its place), with the answers the server gave (the
+evidence): a call forwarded whose answer never came is still counted, as the HTTP
+proxy counts it. A call of ``L`` is one line in ``DIR/lookups``.
 """
 
 from __future__ import annotations
@@ -72,6 +75,10 @@ class StdioFaults:
         tmp.write_text(json.dumps({"fault": fault, "hold": hold}), encoding="utf-8")
         os.replace(tmp, self.control / "next")
 
+    def disarm(self) -> None:
+        """Drop the fault not yet played (its ``tools/call`` never came)."""
+        (self.control / "next").unlink(missing_ok=True)
+
     @property
     def exchanges(self) -> list[Exchange]:
         """Every recorded ``tools/call`` of the tool, in order."""
@@ -80,20 +87,23 @@ class StdioFaults:
         path = self.control / "exchanges.jsonl"
         if not path.exists():
             return []
-        found = []
+        # A restarted server runs behind a new wrapper process, appending to the same
+        # file: exchanges are named by a random id, in the order they first arrived.
+        latest: dict[str, dict[str, Any]] = {}
         for line in path.read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
-            found.append(
-                Exchange(
-                    row["fault"],
-                    row["forwarded"],
-                    [
-                        Answer(200, "application/json", json.dumps(a).encode())
-                        for a in row["answers"]
-                    ],
-                )
+            latest[row["id"]] = row  # written in order: the last line is the newest
+        return [
+            Exchange(
+                row["fault"],
+                row["forwarded"],
+                [
+                    Answer(200, "application/json", json.dumps(a).encode())
+                    for a in row["answers"]
+                ],
             )
-        return found
+            for row in latest.values()
+        ]
 
     def effect_requests_forwarded(self) -> int:
         """Calls of the tool that reached the server (a twice-delivered one is 2)."""
@@ -124,6 +134,8 @@ class _Relay:
         )
         self.out_lock = threading.Lock()
         self.pending: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        #: Guards ``pending`` and the exchanges file: an exchange's lines are written
+        #: under it, in the order its state changed.
         self.lock = threading.Lock()
 
     def take_fault(self) -> tuple[Fault | None, float]:
@@ -136,9 +148,17 @@ class _Relay:
         taken.unlink()
         return armed["fault"], float(armed.get("hold", 0.0))
 
-    def record(self, fault: Fault | None, forwarded: int, answers: list[Any]) -> None:
-        line = json.dumps({"fault": fault, "forwarded": forwarded, "answers": answers})
-        with self.lock, (self.control / "exchanges.jsonl").open("a") as handle:
+    def record_locked(self, state: dict[str, Any]) -> None:
+        """Write the exchange's state as it is now (caller holds ``lock``)."""
+        line = json.dumps(
+            {
+                "id": state["id"],
+                "fault": state["fault"],
+                "forwarded": state["forwarded"],
+                "answers": state["answers"],
+            }
+        )
+        with (self.control / "exchanges.jsonl").open("a") as handle:
             handle.write(line + "\n")
 
     def to_client(self, message: dict[str, Any]) -> None:
@@ -167,11 +187,18 @@ class _Relay:
                     handle.write("1\n")
             if message.get("method") == "tools/call" and name == self.tool:
                 fault, hold = self.take_fault()
-                if fault == "reset":
-                    self.record(fault, 0, [])
-                    self.end()
-                state: dict[str, Any] = {"fault": fault, "hold": hold, "answers": []}
+                state: dict[str, Any] = {
+                    "id": uuid.uuid4().hex,
+                    "fault": fault,
+                    "hold": hold,
+                    "forwarded": 0 if fault == "reset" else 1,
+                    "answers": [],
+                }
                 with self.lock:
+                    # Counted as forwarded before the write, as the HTTP proxy does.
+                    self.record_locked(state)
+                    if fault == "reset":
+                        self.end()
                     self.pending[str(message["id"])] = (message, state)
             self.to_server(message)
         self.child.terminate()
@@ -189,14 +216,17 @@ class _Relay:
                 self.to_client(message)
                 continue
             request, state = entry
-            state["answers"].append(message)
-            if state["fault"] == "twice" and len(state["answers"]) == 1:
-                again = {**request, "id": f"eb-twice-{uuid.uuid4().hex}"}
-                with self.lock:
+            again: dict[str, Any] | None = None
+            with self.lock:
+                state["answers"].append(message)
+                if state["fault"] == "twice" and len(state["answers"]) == 1:
+                    again = {**request, "id": f"eb-twice-{uuid.uuid4().hex}"}
                     self.pending[str(again["id"])] = (request, state)
+                    state["forwarded"] = 2
+                self.record_locked(state)
+            if again is not None:
                 self.to_server(again)
                 continue
-            self.record(state["fault"], len(state["answers"]), state["answers"])
             if state["fault"] == "lose_answer":
                 self.end()
             if state["fault"] == "slow":

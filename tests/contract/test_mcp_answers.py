@@ -13,6 +13,7 @@ import sqlite3
 import sys
 import time
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -408,3 +409,45 @@ def wait_gone(pid: int) -> None:
                 return
         time.sleep(0.05)
     raise AssertionError(f"process {pid} did not die")
+
+
+def test_warm_up_starts_the_kept_server_and_sends_nothing(tmp_path: Path) -> None:
+    # Given a stdio upstream not started yet
+    store = tmp_path / "records.db"
+    adapter = McpAdapter(contract_for(contracts_toml(store)))
+    try:
+        # When it is warmed up (the conformance kit does so before each attempt)
+        adapter.warm_up()
+        # Then its process runs, and no tool was called (the tool's store is not
+        # even created)
+        assert len(starts(store)) == 1
+        assert not store.exists()
+        # And the attempt and a second warm-up use that process: no other start
+        assert dispatch(adapter, effect(adapter.contract)).external_id == "rec_1"
+        adapter.warm_up()
+        assert len(starts(store)) == 1
+        assert len(names(store)) == 1
+    finally:
+        adapter.close()
+
+
+def test_warm_up_of_a_server_that_never_initializes_is_retryable(
+    tmp_path: Path,
+) -> None:
+    # Given a stdio "server" that reads its input and never answers the handshake
+    contract = contract_for(contracts_toml(tmp_path / "records.db"))
+    assert contract.upstream is not None
+    silent = replace(
+        contract.upstream,
+        command=(sys.executable, "-c", "import sys; sys.stdin.read()"),
+        connect_timeout=timedelta(milliseconds=500),
+    )
+    adapter = McpAdapter(replace(contract, upstream=silent))
+    try:
+        # When it is warmed up
+        # Then it is unavailable within connect_timeout, proved not sent: retryable
+        with pytest.raises(RetryableAdapterError) as raised:
+            adapter.warm_up()
+        assert raised.value.details["reason"] == "upstream_unavailable"
+    finally:
+        adapter.close()
