@@ -65,8 +65,8 @@ def add_conform_parser(sub: Any) -> None:
         default=None,
         metavar="SECONDS",
         help="the attempt's time limit; the slow answer comes 1s after it (default: "
-        "the contract's attempt_timeout, else 10 for a stdio MCP server, which "
-        "starts inside the attempt, else 2)",
+        "the contract's attempt_timeout, else 2; a stdio MCP server is started "
+        "before each timed attempt, outside its limit)",
     )
     conform.add_argument(
         "--yes-send-requests",
@@ -107,13 +107,11 @@ def find_contract(path: str, spec: str) -> EffectContract:
 
 
 def default_attempt_limit(contract: EffectContract) -> float:
-    """The contract's ``attempt_timeout``, else 10s for a stdio MCP server (it starts
-    inside each attempt), else 2s."""
+    """The contract's ``attempt_timeout``, else 2s. A stdio MCP server is started (or
+    pinged) before each timed attempt (``McpAdapter.warm_up``), so its start is
+    outside the limit and needs no larger one."""
     if contract.attempt_timeout is not None:
         return contract.attempt_timeout.total_seconds()
-    upstream = contract.upstream
-    if contract.adapter == "mcp" and upstream is not None and upstream.url is None:
-        return 10.0
     return 2.0
 
 
