@@ -82,18 +82,15 @@ def run(
     )
 
 
+def demo_crash_matrix(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``effect-broker demo crash-matrix ARGS`` as a user types it."""
+    return run(state_dir, "-m", "effect_broker.cli", "demo", "crash-matrix", *args)
+
+
 def test_an_only_pattern_that_selects_no_cell_is_one_line_and_exit_2(
     state_dir: Path,
 ) -> None:
-    result = run(
-        state_dir,
-        "-m",
-        "effect_broker.cli",
-        "demo",
-        "crash-matrix",
-        "--only",
-        "idempotent,nosuch",
-    )
+    result = demo_crash_matrix(state_dir, "--only", "idempotent,nosuch")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
@@ -108,12 +105,8 @@ def test_one_cell_run_draws_the_png_and_shows_the_gate(
     state_dir: Path, tmp_path: Path
 ) -> None:
     png, out = tmp_path / "m.png", tmp_path / "m.json"
-    result = run(
+    result = demo_crash_matrix(
         state_dir,
-        "-m",
-        "effect_broker.cli",
-        "demo",
-        "crash-matrix",
         "--only",
         "reconcilable/after_target_commit",
         "--png",
