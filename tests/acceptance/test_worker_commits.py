@@ -48,8 +48,8 @@ EFFECTS = 60
 #: Each window runs its worker this long (the drain takes well under it).
 WINDOW_SECONDS = 8.0
 #: Per effect: 4 statements + at most 1 NOTIFY read, + noise: measured 4.82 alone and
-#: 5.80 inside the whole suite on 2 vCPUs (under load the listener reads NOTIFYs one by
-#: one and the worker's passes end in more empty fetches, each a commit of its own).
+#: 5.80 inside the whole suite on 2 vCPUs (not broken down; more empty fetches and
+#: NOTIFY reads under load, each a commit of its own, are the likely part).
 #: ~10 before issue 13; 6-7 before issue 25, when this bound was 6.5.
 MAX_COMMITS_PER_EFFECT = 6.0
 
