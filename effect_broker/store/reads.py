@@ -75,12 +75,10 @@ def get_effect(tenant_id: str, effect_id: str) -> EffectRecord:
 
 def get_effect_by_key(tenant_id: str, operation_key: str) -> EffectRecord:
     """Return this tenant's effect for an operation key."""
-    with connection.cursor() as cur:
-        cur.execute(sql.SELECT_INTENT_BY_KEY, [tenant_id, operation_key])
-        row = cur.fetchone()
-    if row is None:
+    record = find_effect_by_key(tenant_id, operation_key)
+    if record is None:
         raise EffectNotFoundError(f"no effect for operation key {operation_key!r}")
-    return record_from_row(row)
+    return record
 
 
 def find_effect_by_key(tenant_id: str, operation_key: str) -> EffectRecord | None:
